@@ -1,0 +1,113 @@
+"""The engine's public seam: plain dataclasses and errors shared by the engine and its callers.
+
+Callers (the offline `LLM`, the HTTP protocol adapters) never touch the model or device
+tensors. They reserve a lifetime ticket, prepare a prompt, submit a `GenerationRequest`, and
+read `StepOutput`s from the returned handle on their own thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+ReusePath = Literal[
+    "none",  # no prefix reuse attempted or possible (cold start, reuse disabled)
+    "full_reset",  # a resident existed but nothing of it could be reused
+    "append_frontier",  # the prompt extends a resident's exact execution frontier
+    "restore_turn_checkpoint",  # resumed from the turn-boundary checkpoint, tail re-prefilled
+    "restore_response_checkpoint",  # resumed from the prompt-frontier (generation prologue) checkpoint
+]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling fields. `None` means: use the process override, else the preset."""
+
+    max_tokens: int = 16
+    temperature: float | None = None  # 0.0 = greedy
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # stop strings, matched across token boundaries, text withheld
+    stop_token_ids: tuple[int, ...] | None = None  # None = the model's end-of-turn ids
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prepared prompt handed to the engine."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    thinking: bool = True  # selects the thinking / non-thinking sampler preset
+    # Prompt positions (token counts) where the engine should keep GDN checkpoints so a later
+    # turn can resume there: the end of the closed history (turn boundary) and the prompt
+    # frontier after the generation prologue. Both optional; the engine decides what it retains.
+    turn_checkpoint: int | None = None
+    response_checkpoint: int | None = None
+
+
+@dataclass
+class RequestStats:
+    """Counters the request log reports for one request (filled by the engine)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    computed_prefill_tokens: int = 0
+    reuse_path: ReusePath = "none"
+    resolved_sampling: dict[str, float | int | None] = field(default_factory=dict)
+    seed: int | None = None
+    # phase seconds, full precision (monotonic clock differences)
+    queue_s: float = 0.0
+    ttft_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    total_s: float = 0.0
+    speculative: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """New committed tokens of one request. The last output has `finish_reason` set."""
+
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+    # For "stop" finishes: the stop string that matched (its text withheld by the caller), or
+    # the stop token id (counted in completion tokens, its text not shown).
+    stop_string: str | None = None
+    stop_token_id: int | None = None
+    error: str | None = None
+
+
+class EngineError(Exception):
+    """Base of the errors the engine reports to callers."""
+
+
+class EngineOverloaded(EngineError):
+    """The lifetime capacity (max_concurrency + max_pending_requests) is full (HTTP 429)."""
+
+
+class QueueTimeout(EngineError):
+    """Admission did not happen before `pending_timeout_ms` elapsed (HTTP 503)."""
+
+
+class ContextLengthExceeded(EngineError):
+    """The prompt plus its output entitlement cannot fit `max_context` (HTTP 400)."""
+
+    def __init__(self, prompt_tokens: int, max_context: int) -> None:
+        super().__init__(
+            f"prompt of {prompt_tokens} tokens leaves no room for output within max_context={max_context}"
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_context = max_context
+
+
+class EngineStopped(EngineError):
+    """The engine is draining or stopped and accepts no new requests (HTTP 503)."""

@@ -1,0 +1,1 @@
+"""NInfer kernels package."""

@@ -1,0 +1,1 @@
+"""NInfer media package."""

@@ -1,0 +1,1 @@
+"""NInfer model package."""

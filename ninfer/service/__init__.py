@@ -1,0 +1,1 @@
+"""NInfer service package."""
