@@ -1,0 +1,62 @@
+"""Torch reference of paged KV writes and attention over 64-token pages (prefill-with-history and decode)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _token_slots(page_table: torch.Tensor, cache_lens: torch.Tensor, q_len: int, page: int) -> torch.Tensor:
+    """Flat pool row (page * page_size + offset) of each new token. -> [B, q] int64"""
+    pos = cache_lens[:, None] + torch.arange(q_len, device=cache_lens.device)  # [B, q]
+    pages = torch.gather(page_table.long(), 1, torch.div(pos, page, rounding_mode="floor"))
+    return pages * page + pos % page
+
+
+def write_kv(
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_lens: torch.Tensor,
+) -> None:
+    """Store new keys/values at positions cache_lens .. cache_lens+q-1 of each sequence.
+
+    k_pool, v_pool: [num_pages, page, nkv, hd]; k, v: [B, q, nkv, hd];
+    page_table: [B, max_pages] int32; cache_lens: [B] int64.
+    """
+    page, nkv, hd = k_pool.shape[1:]
+    rows = _token_slots(page_table, cache_lens, k.shape[1], page).reshape(-1)
+    k_pool.view(-1, nkv, hd).index_copy_(0, rows, k.reshape(-1, nkv, hd).to(k_pool.dtype))
+    v_pool.view(-1, nkv, hd).index_copy_(0, rows, v.reshape(-1, nkv, hd).to(v_pool.dtype))
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal GQA attention of q new tokens over each sequence's pages (history + the new tokens).
+
+    q: [B, q, nh, hd]; k_pool, v_pool: [num_pages, page, nkv, hd] (new tokens already written);
+    page_table: [B, max_pages] int32 (entries past the sequence's pages may be any valid page id
+    or -1); cache_lens: [B] int64. Query i of sequence b sees keys 0 .. cache_lens[b] + i.
+    returns o: [B, q, nh, hd] in q's dtype.
+    """
+    b, q_len, nh, hd = q.shape
+    page, nkv = k_pool.shape[1], k_pool.shape[2]
+    pt = page_table.long().clamp(min=0)
+    n_keys = pt.shape[1] * page
+    keys = k_pool[pt].reshape(b, n_keys, nkv, hd).transpose(1, 2)  # [B, nkv, L, hd]
+    vals = v_pool[pt].reshape(b, n_keys, nkv, hd).transpose(1, 2)
+    q_pos = cache_lens[:, None] + torch.arange(q_len, device=q.device)  # [B, q]
+    key_pos = torch.arange(n_keys, device=q.device)
+    mask = key_pos[None, None, :] <= q_pos[:, :, None]  # [B, q, L]
+    o = F.scaled_dot_product_attention(
+        q.transpose(1, 2), keys, vals, attn_mask=mask[:, None], scale=scale, enable_gqa=nh != nkv
+    )  # [B, nh, q, hd]
+    return o.transpose(1, 2).to(q.dtype)

@@ -1,0 +1,51 @@
+"""Gated full attention (`self_attn`): fused per-head [q | gate], q/k norm, partial MRoPE, paged GQA."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ninfer.kernels.dispatch import Ops
+from ninfer.model.config import TextConfig
+from ninfer.model.norms import RMSNorm1p
+from ninfer.model.rope import apply_rope
+
+
+class GatedAttention(nn.Module):
+    """One attention layer; K/V of the new tokens go into caller-owned pages before attending."""
+
+    def __init__(self, config: TextConfig, ops: Ops) -> None:
+        super().__init__()
+        self.ops = ops
+        self.nh, self.nkv, self.hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        h = config.hidden_size
+        self.q_proj = nn.Linear(h, 2 * self.nh * self.hd, bias=False)  # per head: [query | gate]
+        self.k_proj = nn.Linear(h, self.nkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(h, self.nkv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.hd, h, bias=False)
+        self.q_norm = RMSNorm1p(self.hd, eps=config.rms_norm_eps)
+        self.k_norm = RMSNorm1p(self.hd, eps=config.rms_norm_eps)
+        self.scale = self.hd**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        page_table: torch.Tensor,
+        cache_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """x: [B, q, H] (normed); cos/sin: [B, q, rot]; pools: [P, 64, nkv, hd]. -> [B, q, H]"""
+        b, q, _ = x.shape
+        qg = self.q_proj(x).view(b, q, self.nh, 2 * self.hd)
+        qh, gate = qg[..., : self.hd], qg[..., self.hd :]
+        gate = gate.reshape(b, q, self.nh * self.hd)
+        qh = apply_rope(self.q_norm(qh), cos, sin)  # [B, q, nh, hd]
+        kh = apply_rope(self.k_norm(self.k_proj(x).view(b, q, self.nkv, self.hd)), cos, sin)
+        vh = self.v_proj(x).view(b, q, self.nkv, self.hd)
+        self.ops.write_kv(k_pool, v_pool, kh, vh, page_table, cache_lens)
+        o = self.ops.paged_attention(qh, k_pool, v_pool, page_table, cache_lens, self.scale)
+        o = o.reshape(b, q, self.nh * self.hd) * torch.sigmoid(gate)
+        return self.o_proj(o)

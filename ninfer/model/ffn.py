@@ -1,0 +1,58 @@
+"""Feed-forward blocks: SwiGLU MLP and the sparse MoE (fp32 softmax router, top-k, shared expert)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ninfer.kernels.dispatch import Ops
+from ninfer.model.config import TextConfig
+
+
+class MLP(nn.Module):
+    """y = down(silu(gate x) * up x)."""
+
+    def __init__(self, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Experts(nn.Module):
+    """Fused routed-expert weights as stored: gate_up_proj [E, 2*Ie, H], down_proj [E, H, Ie]."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
+
+
+class SparseMoE(nn.Module):
+    """Routed experts (renormalised top-k of an fp32 softmax) plus a sigmoid-gated shared expert."""
+
+    def __init__(self, config: TextConfig, ops: Ops) -> None:
+        super().__init__()
+        assert config.num_experts and config.num_experts_per_tok and config.moe_intermediate_size
+        self.ops = ops
+        self.top_k = config.num_experts_per_tok
+        h = config.hidden_size
+        self.gate = nn.Linear(h, config.num_experts, bias=False)
+        self.experts = Experts(config.num_experts, h, config.moe_intermediate_size)
+        self.shared_expert = MLP(h, config.shared_expert_intermediate_size or 0)
+        self.shared_expert_gate = nn.Linear(h, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, q, H]
+        shape = x.shape
+        xf = x.reshape(-1, shape[-1])  # [N, H]
+        logits = self.gate(xf)  # [N, E] model dtype
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        w, idx = torch.topk(probs, self.top_k, dim=-1)
+        w = (w / w.sum(-1, keepdim=True)).to(logits.dtype)
+        routed = self.ops.moe_experts(xf, self.experts.gate_up_proj, self.experts.down_proj, idx, w)
+        shared = torch.sigmoid(self.shared_expert_gate(xf)) * self.shared_expert(xf)
+        return (routed + shared).reshape(shape)

@@ -1,0 +1,70 @@
+"""The Qwen3.5/3.6 text model (dense or MoE): embeddings, hybrid decoder stack, final norm, untied lm_head."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from ninfer.kernels.dispatch import Ops, get_ops
+from ninfer.model.cache import ForwardBatch, KVPool, StatePool
+from ninfer.model.config import FULL, TextConfig
+from ninfer.model.layers import DecoderLayer
+from ninfer.model.norms import RMSNorm1p
+from ninfer.model.rope import MRotaryEmbedding
+
+if TYPE_CHECKING:
+    from ninfer.model.mtp import MTPHead
+
+
+class Qwen35Model(nn.Module):
+    """Stateless over sequences: every call reads and writes the caller's KV pages and GDN slots."""
+
+    def __init__(self, config: TextConfig, ops: Ops | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.ops = ops or get_ops("cpu")
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, t, self.ops) for t in config.layer_types)
+        self.norm = RMSNorm1p(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # pool index of each layer: a-th attention layer / l-th GDN layer
+        self.pool_index = [
+            (config.attention_layers if t == FULL else config.linear_layers).index(i)
+            for i, t in enumerate(config.layer_types)
+        ]
+        self.rotary: MRotaryEmbedding | None = None  # built on the target device by `init_buffers`
+        self.mtp: MTPHead | None = None
+
+    def init_buffers(self, device: torch.device | str) -> None:
+        """(Re)build non-weight buffers (rope tables) on `device`; needed after meta-device construction."""
+        self.rotary = MRotaryEmbedding(self.config, device)
+
+    def set_ops(self, ops: Ops) -> None:
+        """Switch every layer to another kernel backend."""
+        self.ops = ops
+        for m in self.modules():
+            if hasattr(m, "ops"):
+                m.ops = ops
+
+    @property
+    def mtp_available(self) -> bool:
+        return self.mtp is not None
+
+    def forward(self, batch: ForwardBatch, kv: KVPool, states: StatePool) -> torch.Tensor:
+        """Run q new tokens of B sequences. -> hidden [B, q, H] after the final norm."""
+        if self.rotary is None:
+            raise RuntimeError("call init_buffers(device) (or build the model with load_model) first")
+        x = self.embed_tokens(batch.input_ids)  # [B, q, H]
+        cos, sin = self.rotary(batch.positions, x.dtype)  # [B, q, rot]
+        for layer, j in zip(self.layers, self.pool_index, strict=True):
+            if layer.kind == FULL:
+                x = layer.forward_attention(x, cos, sin, kv.k[j], kv.v[j], batch.page_table, batch.cache_lens)
+            else:
+                x = layer.forward_linear(x, states.conv[j], states.ssm[j], batch.slots)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] -> float32 logits [..., vocab] (lm_head in the model dtype, then cast)."""
+        return self.lm_head(hidden).float()

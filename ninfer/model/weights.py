@@ -1,0 +1,93 @@
+"""Build the model and the MTP head from canonical tensor names, with strict name and shape checks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from ninfer.kernels.dispatch import Ops, get_ops
+from ninfer.model.config import TextConfig
+from ninfer.model.mtp import MTPHead
+from ninfer.model.qwen35 import Qwen35Model
+
+MTP_PREFIX = "mtp."
+
+
+class WeightError(ValueError):
+    """Tensors do not match the model: missing, unexpected or mis-shaped names."""
+
+
+def _canonical_to_param(name: str) -> str:
+    """`model.X` -> `X` (trunk modules sit at the top of Qwen35Model); `lm_head.weight` unchanged."""
+    return name[len("model.") :] if name.startswith("model.") else name
+
+
+def _assign(
+    module: nn.Module, tensors: Mapping[str, torch.Tensor], to_param, what: str, dtype, device
+) -> None:
+    expected = {k: tuple(v.shape) for k, v in module.state_dict(keep_vars=True).items()}
+    given = {to_param(k): k for k in tensors}
+    missing = sorted(set(expected) - set(given))
+    extra = sorted(given[k] for k in set(given) - set(expected))
+    bad = sorted(
+        f"{given[k]}: {tuple(tensors[given[k]].shape)} != expected {expected[k]}"
+        for k in set(expected) & set(given)
+        if tuple(tensors[given[k]].shape) != expected[k]
+    )
+    if missing or extra or bad:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)}: {missing[:8]}")
+        if extra:
+            parts.append(f"unexpected {len(extra)}: {extra[:8]}")
+        if bad:
+            parts.append(f"mis-shaped {len(bad)}: {bad[:8]}")
+        raise WeightError(f"{what} weights do not match the config: " + "; ".join(parts))
+    sd = {k: tensors[given[k]].to(device=device, dtype=dtype) for k in expected}
+    module.load_state_dict(sd, strict=True, assign=True)
+
+
+def load_model(
+    config: TextConfig,
+    tensors: Mapping[str, torch.Tensor],
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    ops: Ops | None = None,
+) -> Qwen35Model:
+    """Build `Qwen35Model` from canonical names (`model.*`, `lm_head.weight`); every tensor is cast to `dtype`
+    (as transformers does). Tensors named `mtp.*`, if present, become the MTP head (`load_mtp`)."""
+    device = torch.device(device)
+    ops = ops or get_ops(device.type)
+    text = {k: v for k, v in tensors.items() if not k.startswith(MTP_PREFIX)}
+    mtp = {k: v for k, v in tensors.items() if k.startswith(MTP_PREFIX)}
+    with torch.device("meta"):
+        model = Qwen35Model(config, ops)
+    _assign(model, text, _canonical_to_param, "text model", dtype, device)
+    model.init_buffers(device)
+    model.eval().requires_grad_(False)
+    if mtp:
+        load_mtp(config, mtp, model, dtype, device)
+    return model
+
+
+def load_mtp(
+    config: TextConfig,
+    tensors: Mapping[str, torch.Tensor],
+    model: Qwen35Model,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> MTPHead:
+    """Build the MTP head from `mtp.*` tensors, bind it to `model`'s embedding/lm_head, set `model.mtp`."""
+    others = sorted(k for k in tensors if not k.startswith(MTP_PREFIX))
+    if others:
+        raise WeightError(f"MTP weights must be named mtp.*; got {others[:8]}")
+    with torch.device("meta"):
+        head = MTPHead(config, model.ops)
+    _assign(head, tensors, lambda k: k[len(MTP_PREFIX) :], "MTP head", dtype, torch.device(device))
+    head.eval().requires_grad_(False)
+    assert model.rotary is not None
+    head.bind(model.embed_tokens, model.lm_head, model.rotary)
+    model.mtp = head
+    return head
