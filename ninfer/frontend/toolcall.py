@@ -1,0 +1,139 @@
+"""Parse one Qwen XML tool-call block and type its parameter values by the tool's JSON schema.
+
+Block grammar (the text between ``<tool_call>`` and ``</tool_call>``; whitespace around the
+elements is tolerated)::
+
+    <function=NAME>
+    <parameter=KEY>
+    VALUE
+    </parameter>
+    ...
+    </function>
+
+One newline directly after ``<parameter=KEY>`` and one directly before ``</parameter>`` belong to
+the markup (the template writes them) and are removed; everything else is the value. A block
+that does not match returns None and the caller flushes it back as text.
+
+Typing: a parameter whose schema type is only ``string`` (or that has no schema) stays the raw
+string. Otherwise the value is read as JSON (Python's ``True``/``False``/``None`` spellings,
+which the Qwen3.5 template writes for scalars, are accepted too) and kept if its JSON type is one
+the schema allows (``integer`` also takes an integral float); if not, the raw string is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from ninfer.frontend.conversation import Tool
+
+_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
+_PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+_FUNCTION_END = re.compile(r"\s*</function>\s*\Z")
+_PY_LITERALS = {"True": True, "False": False, "None": None}
+
+
+def parse_block(body: str) -> tuple[str, list[tuple[str, str]]] | None:
+    """(function name, [(key, raw value)]) of a block body, or None when it is malformed."""
+    m = _FUNCTION.match(body)
+    if m is None or not m.group(1).strip():
+        return None
+    name = m.group(1).strip()
+    pos = m.end()
+    params: list[tuple[str, str]] = []
+    while True:
+        p = _PARAMETER.match(body, pos)
+        if p is None:
+            break
+        key = p.group(1).strip()
+        if not key:
+            return None
+        value = p.group(2)
+        if value.startswith("\n"):
+            value = value[1:]
+        if value.endswith("\n"):
+            value = value[:-1]
+        params.append((key, value))
+        pos = p.end()
+    if _FUNCTION_END.match(body, pos) is None:
+        return None
+    return name, params
+
+
+def _schema_types(schema: dict[str, Any]) -> list[str]:
+    declared = schema.get("type")
+    if isinstance(declared, str):
+        return [declared]
+    if isinstance(declared, list):
+        return [t for t in declared if isinstance(t, str)]
+    types: list[str] = []
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key) or []:
+            if isinstance(sub, dict):
+                types.extend(t for t in _schema_types(sub) if t not in types)
+    if not types and isinstance(schema.get("enum"), list):
+        for value in schema["enum"]:
+            t = _json_type(value)
+            if t is not None and t not in types:
+                types.append(t)
+    return types
+
+
+def _json_type(value: Any) -> str | None:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number" if math.isfinite(value) else None
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return None
+
+
+def _read(raw: str) -> tuple[bool, Any]:
+    text = raw.strip()
+    if text in _PY_LITERALS:
+        return True, _PY_LITERALS[text]
+    try:
+        return True, json.loads(text)
+    except ValueError:
+        return False, None
+
+
+def type_value(raw: str, schema: dict[str, Any] | None) -> Any:
+    """The typed value of one parameter given its property schema (see the module doc)."""
+    if not isinstance(schema, dict):
+        return raw
+    types = [t for t in _schema_types(schema) if t != "string"]
+    if not types:
+        return raw
+    ok, value = _read(raw)
+    if not ok:
+        return raw
+    kind = _json_type(value)
+    for want in types:
+        if want == kind:
+            return value
+        if want == "number" and kind == "integer":
+            return value
+        if want == "integer" and kind == "number" and float(value).is_integer():
+            return int(value)
+    return raw
+
+
+def typed_arguments(tool: Tool | None, params: list[tuple[str, str]]) -> dict[str, Any]:
+    """Arguments of a call, typed by the tool's `parameters.properties` (last duplicate wins)."""
+    props: dict[str, Any] = {}
+    if tool is not None and isinstance(tool.parameters, dict):
+        found = tool.parameters.get("properties")
+        props = found if isinstance(found, dict) else {}
+    return {key: type_value(raw, props.get(key)) for key, raw in params}
