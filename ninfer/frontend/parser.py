@@ -84,6 +84,8 @@ class Detokenizer(Protocol):
 
     def push(self, ids: Iterable[int]) -> str: ...
 
+    def flush(self) -> str: ...
+
 
 def new_call_id() -> str:
     return f"call_{secrets.token_hex(12)}"
@@ -155,6 +157,8 @@ class OutputParser:
     def finish(self) -> list[Event]:
         """End of output: flush whatever is held, by the rules in the module doc."""
         events: list[Event] = []
+        if self._detok is not None:
+            events += self.feed_text(self._detok.flush())
         buf, self._buf = self._buf, ""
         if self._state == "reasoning":
             self._reasoning(events, buf)
