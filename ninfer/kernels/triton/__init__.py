@@ -1,0 +1,5 @@
+"""Fast GPU kernels in Triton: GDN decode/verify step, slot-indexed causal conv, paged attention."""
+
+from ninfer.kernels.triton.gdn_decode import gdn_decode_step, gdn_step_gated, recurrent_gated_delta_rule
+
+__all__ = ["gdn_decode_step", "gdn_step_gated", "recurrent_gated_delta_rule"]
