@@ -1,0 +1,5 @@
+"""Entry point for `python -m ninfer.artifact`."""
+
+from ninfer.artifact.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""`python -m ninfer.artifact {convert,inspect,verify,demo}`: every failure is one line on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ninfer.artifact.errors import ArtifactError
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def _inspect(path: Path) -> int:
+    from ninfer.artifact.reader import open_artifact
+
+    a = open_artifact(path)
+    c, m = a.config, a.manifest
+    print(f"artifact      {a.path}")
+    print(f"model_id      {a.model_id}")
+    print(f"display_name  {m.identity.display_name}")
+    print(f"family        {a.family}")
+    print(f"source        {m.identity.source}")
+    print(f"format        v{m.format_version}, created by {m.created_by}")
+    for name, comp in m.components.items():
+        print(
+            f"component     {name:<14} {comp.tensor_count:>6} tensors  {_size(comp.bytes):>11}  {len(comp.files)} file(s)"
+        )
+    total = sum(comp.bytes for comp in m.components.values())
+    print(f"total         {sum(x.tensor_count for x in m.components.values())} tensors, {_size(total)}")
+    ffn = (
+        f"dense FFN {c.intermediate_size}"
+        if not c.is_moe
+        else f"MoE {c.num_experts} experts top-{c.num_experts_per_tok} x {c.moe_intermediate_size}, "
+        f"shared {c.shared_expert_intermediate_size}"
+    )
+    print(
+        f"config        hidden {c.hidden_size}, {c.num_hidden_layers} layers "
+        f"({len(c.attention_layers)} attention at {list(c.attention_layers)[:4]}{'…' if len(c.attention_layers) > 4 else ''}), "
+        f"vocab {c.vocab_size}"
+    )
+    print(
+        f"              attention {c.num_attention_heads}/{c.num_key_value_heads} heads x {c.head_dim} "
+        f"(rotary {c.rotary_dim}, theta {c.rope_theta:g}), GDN {c.linear_num_key_heads}/{c.linear_num_value_heads} "
+        f"heads x {c.linear_key_head_dim}/{c.linear_value_head_dim}"
+    )
+    print(f"              {ffn}, MTP layers {c.mtp_num_hidden_layers}, eos {list(c.eos_token_ids)}")
+    return 0
+
+
+def _verify(path: Path) -> int:
+    from ninfer.artifact.reader import open_artifact
+
+    a = open_artifact(path, verify=True)
+    print(f"ok: {a.path} ({a.model_id}, {len(a.manifest.digests)} files, digests and shapes match)")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ninfer.artifact", description="Build and check .ninfer artifacts."
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("convert", help="convert a Hugging Face checkpoint directory")
+    c.add_argument("hf_dir", type=Path)
+    c.add_argument("out", type=Path)
+    c.add_argument(
+        "--model-id", default=None, help="public model id (default: registry match, else dir name)"
+    )
+    c.add_argument("--dtype", default="keep", choices=("keep", "bfloat16", "float32"))
+    c.add_argument("--template", default=None, choices=("qwen3_6", "qwen3_5", "qwen3_8"),
+                   help="official chat template to use (required when the checkpoint has none)")  # fmt: skip
+    c.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    i = sub.add_parser("inspect", help="print identity, components and config")
+    i.add_argument("path", type=Path)
+    v = sub.add_parser("verify", help="recompute digests and check shapes")
+    v.add_argument("path", type=Path)
+    d = sub.add_parser("demo", help="build the small random-weight demo artifact")
+    d.add_argument("out", type=Path)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    start = time.perf_counter()
+    try:
+        if args.cmd == "inspect":
+            return _inspect(args.path)
+        if args.cmd == "verify":
+            return _verify(args.path)
+        if args.cmd == "convert":
+            from ninfer.artifact.convert import convert
+
+            out = convert(
+                args.hf_dir,
+                args.out,
+                model_id=args.model_id,
+                dtype=args.dtype,
+                template=args.template,
+                force=args.force,
+            )
+        else:
+            from ninfer.artifact.demo import build_demo
+
+            out = build_demo(args.out, seed=args.seed, force=args.force)
+    except ArtifactError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, RuntimeError, ValueError) as exc:  # disk full, permissions, missing dependency
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    print(f"wrote {out} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    return 0
