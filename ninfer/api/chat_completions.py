@@ -1,0 +1,143 @@
+"""POST /v1/chat/completions: JSON responses and SSE chunk streams over the generation pipeline."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import falcon
+
+from ninfer.api import chat_request, sse
+from ninfer.api.context import ApiContext
+from ninfer.api.errors import ApiError, internal
+from ninfer.api.events import (
+    Finished,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+    Usage,
+)
+from ninfer.api.fields import parse_body
+from ninfer.api.pipeline import Generation
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+    }
+
+
+def collect(gen: Generation) -> Finished:
+    """Drain a generation for a non-streaming answer (the caller closes it)."""
+    for event in gen.events():
+        if isinstance(event, Finished):
+            return event
+    raise internal("generation ended without a final event")
+
+
+def completion_body(rid: str, created: int, model: str, done: Finished) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": done.content or None}
+    if done.reasoning:
+        message["reasoning_content"] = done.reasoning
+    if done.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in done.tool_calls
+        ]
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": done.finish, "logprobs": None}],
+        "usage": usage_body(done.usage),
+    }
+
+
+class ChunkStream:
+    """Builds `chat.completion.chunk` frames for one response."""
+
+    def __init__(self, rid: str, created: int, model: str, include_usage: bool) -> None:
+        self.head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+        self.include_usage = include_usage
+
+    def chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        body: dict[str, Any] = {
+            **self.head,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        if self.include_usage:
+            body["usage"] = None
+        return sse.frame(body)
+
+    def usage(self, usage: Usage) -> bytes:
+        return sse.frame({**self.head, "choices": [], "usage": usage_body(usage)})
+
+
+def stream_chunks(gen: Generation, chunks: ChunkStream) -> Iterator[bytes]:
+    """The SSE body; a failure after the first byte becomes an in-band error frame."""
+    try:
+        yield chunks.chunk({"role": "assistant", "content": ""})
+        for event in gen.events():
+            if isinstance(event, TextDelta):
+                yield chunks.chunk({"content": event.text})
+            elif isinstance(event, ReasoningDelta):
+                yield chunks.chunk({"reasoning_content": event.text})
+            elif isinstance(event, ToolCallStart):
+                call = {"index": event.index, "id": event.call_id, "type": "function"}
+                call["function"] = {"name": event.name, "arguments": ""}
+                yield chunks.chunk({"tool_calls": [call]})
+            elif isinstance(event, ToolCallArgumentsDelta):
+                yield chunks.chunk(
+                    {"tool_calls": [{"index": event.index, "function": {"arguments": event.delta}}]}
+                )
+            elif isinstance(event, Finished):
+                yield chunks.chunk({}, event.finish)
+                if chunks.include_usage:
+                    yield chunks.usage(event.usage)
+        yield sse.DONE
+    except ApiError as exc:
+        yield sse.frame(exc.body("openai"))
+        yield sse.DONE
+    except Exception as exc:
+        logging.getLogger("ninfer.api").exception("chat completion stream failed")
+        yield sse.frame(internal(f"internal error: {type(exc).__name__}").body("openai"))
+        yield sse.DONE
+    finally:
+        gen.close()
+
+
+class ChatCompletionsResource:
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        pipeline = self.ctx.require_pipeline()
+        request = chat_request.parse(parse_body(req.context.body), self.ctx)
+        gen = pipeline.open(request.job)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        model = self.ctx.model_id or request.model
+        resp.set_header("x-request-id", str(gen.request_id))
+        if request.job.stream:
+            resp.content_type = sse.CONTENT_TYPE
+            resp.set_headers(sse.headers())
+            resp.stream = stream_chunks(gen, ChunkStream(rid, created, model, request.include_usage))
+            return
+        try:
+            done = collect(gen)
+        finally:
+            gen.close()
+        resp.media = completion_body(rid, created, model, done)
+
+
+def routes(ctx: ApiContext) -> list[tuple[str, object]]:
+    return [("/v1/chat/completions", ChatCompletionsResource(ctx))]

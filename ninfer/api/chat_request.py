@@ -1,0 +1,208 @@
+"""OpenAI Chat Completions request -> GenerationJob (schema validation, field-specific 400s)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ninfer.api import fields as f
+from ninfer.api.context import ApiContext
+from ninfer.api.errors import invalid, unsupported
+from ninfer.api.events import GenerationJob
+from ninfer.engine.api import SamplingParams
+from ninfer.frontend.conversation import Conversation, ImagePart, Message, TextPart, Tool, ToolCall, VideoPart
+from ninfer.frontend.options import RequestOptions
+
+KNOWN = {
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+    "presence_penalty", "frequency_penalty", "seed", "stop", "stream", "stream_options", "tools",
+    "tool_choice", "parallel_tool_calls", "reasoning_effort", "enable_thinking", "chat_template_kwargs",
+    "preserve_thinking", "n", "user", "logprobs", "top_logprobs", "response_format",
+}  # fmt: skip
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+@dataclass
+class ChatRequest:
+    job: GenerationJob
+    model: str
+    include_usage: bool
+
+
+def sampling_params(body: dict[str, Any], max_tokens: int | None) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=max_tokens or 1,
+        temperature=f.opt_float(body, "temperature", 0.0, 2.0),
+        top_p=f.opt_float(body, "top_p", 0.0, 1.0),
+        top_k=f.opt_int(body, "top_k", 0),
+        min_p=f.opt_float(body, "min_p", 0.0, 1.0),
+        presence_penalty=f.opt_float(body, "presence_penalty", -2.0, 2.0),
+        frequency_penalty=f.opt_float(body, "frequency_penalty", -2.0, 2.0),
+        seed=f.opt_int(body, "seed", 0),
+        stop=f.stop_list(body, "stop"),
+    )
+
+
+def _parts(content: Any, param: str, ctx: ApiContext, allow_media: bool) -> list[Any]:
+    if isinstance(content, str):
+        return [TextPart(content)]
+    if not isinstance(content, list):
+        raise invalid(param, f"{param!r} must be a string or an array of content parts", "invalid_type")
+    parts: list[Any] = []
+    for j, raw in enumerate(content):
+        p = f"{param}[{j}]"
+        part = f.as_dict(raw, p)
+        kind = part.get("type")
+        if kind == "text":
+            parts.append(TextPart(f.req_str(part, "text", f"{p}.text", nonempty=False)))
+        elif kind in ("image_url", "video_url"):
+            if not allow_media:
+                raise invalid(p, f"{kind} parts are only allowed in user messages", "invalid_value")
+            ctx.check_media(p)
+            src = part.get(kind)
+            url = (
+                src
+                if isinstance(src, str)
+                else f.req_str(f.as_dict(src, f"{p}.{kind}"), "url", f"{p}.{kind}.url")
+            )
+            parts.append(ImagePart(url) if kind == "image_url" else VideoPart(url))
+        else:
+            raise invalid(f"{p}.type", f"unsupported content part type {kind!r}", "invalid_value")
+    return parts
+
+
+def _tool_calls(raw: list[Any], param: str) -> list[ToolCall]:
+    calls = []
+    for i, item in enumerate(raw):
+        p = f"{param}[{i}]"
+        call = f.as_dict(item, p)
+        if call.get("type", "function") != "function":
+            raise invalid(f"{p}.type", "only function tool calls are supported", "invalid_value")
+        fn = f.as_dict(call.get("function"), f"{p}.function")
+        text = f.req_str(fn, "arguments", f"{p}.function.arguments", nonempty=False)
+        try:
+            args = json.loads(text) if text else {}
+        except ValueError:
+            raise invalid(
+                f"{p}.function.arguments", "tool call arguments must be a JSON object string"
+            ) from None
+        if not isinstance(args, dict):
+            raise invalid(f"{p}.function.arguments", "tool call arguments must be a JSON object")
+        calls.append(
+            ToolCall(f.req_str(call, "id", f"{p}.id"), f.req_str(fn, "name", f"{p}.function.name"), args)
+        )
+    return calls
+
+
+def _message(raw: Any, i: int, ctx: ApiContext) -> Message:
+    p = f"messages[{i}]"
+    msg = f.as_dict(raw, p)
+    role = msg.get("role")
+    content = msg.get("content")
+    name = f.opt_str(msg, "name", f"{p}.name")
+    if role in ("system", "developer", "tool"):
+        if content is None:
+            raise invalid(f"{p}.content", f"{role} messages need content", "missing_required_parameter")
+        parts = _parts(content, f"{p}.content", ctx, allow_media=role == "tool")
+        call_id = f.req_str(msg, "tool_call_id", f"{p}.tool_call_id") if role == "tool" else None
+        return Message(role=role, parts=parts, tool_call_id=call_id, name=name)
+    if role == "user":
+        if content is None:
+            raise invalid(f"{p}.content", "user messages need content", "missing_required_parameter")
+        return Message(role="user", parts=_parts(content, f"{p}.content", ctx, allow_media=True), name=name)
+    if role == "assistant":
+        parts = [] if content is None else _parts(content, f"{p}.content", ctx, allow_media=False)
+        raw_calls = f.opt_list(msg, "tool_calls", f"{p}.tool_calls") or []
+        reasoning = f.opt_str(msg, "reasoning_content", f"{p}.reasoning_content")
+        if reasoning is None:
+            reasoning = f.opt_str(msg, "reasoning", f"{p}.reasoning")
+        calls = _tool_calls(raw_calls, f"{p}.tool_calls")
+        return Message(role="assistant", parts=parts, reasoning=reasoning, tool_calls=calls, name=name)
+    raise invalid(f"{p}.role", f"unsupported role {role!r}", "invalid_value")
+
+
+def _tools(body: dict[str, Any]) -> list[Tool]:
+    tools = []
+    for i, raw in enumerate(f.opt_list(body, "tools") or []):
+        p = f"tools[{i}]"
+        tool = f.as_dict(raw, p)
+        if tool.get("type") != "function":
+            raise unsupported(f"{p}.type", "only function tools are supported")
+        fn = f.as_dict(tool.get("function"), f"{p}.function")
+        if fn.get("strict") is True:
+            raise unsupported(f"{p}.function.strict", "strict schemas are not enforced by this server")
+        params = f.opt_dict(fn, "parameters", f"{p}.function.parameters")
+        desc = f.opt_str(fn, "description", f"{p}.function.description")
+        tools.append(Tool(f.req_str(fn, "name", f"{p}.function.name"), desc, params))
+    return tools
+
+
+def _check_unsupported(body: dict[str, Any]) -> None:
+    if f.opt_int(body, "n", 1) not in (None, 1):
+        raise unsupported("n", "only n=1 is supported")
+    if f.opt_bool(body, "logprobs"):
+        raise unsupported("logprobs", "logprobs are not supported")
+    if f.opt_int(body, "top_logprobs", 0) not in (None, 0):
+        raise unsupported("top_logprobs", "logprobs are not supported")
+    fmt = f.opt_dict(body, "response_format")
+    if fmt is not None and fmt.get("type") != "text":
+        raise unsupported("response_format", "only response_format {'type': 'text'} is supported")
+    if f.opt_bool(body, "parallel_tool_calls") is False:
+        raise unsupported("parallel_tool_calls", "parallel_tool_calls=false is not supported")
+    f.opt_str(body, "user")
+
+
+def _controls(body: dict[str, Any]) -> RequestOptions:
+    effort = f.opt_str(body, "reasoning_effort")
+    if effort is not None and effort not in EFFORTS:
+        raise invalid(
+            "reasoning_effort", f"reasoning_effort must be one of {', '.join(EFFORTS)}", "invalid_value"
+        )
+    return RequestOptions(
+        effort=effort,
+        effort_param="reasoning_effort",
+        enable_thinking=f.opt_bool(body, "enable_thinking"),
+        preserve_thinking=f.opt_bool(body, "preserve_thinking"),
+        chat_template_kwargs=f.opt_dict(body, "chat_template_kwargs"),
+    )
+
+
+def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
+    f.reject_unknown(body, KNOWN)
+    model = f.req_str(body, "model")
+    ctx.check_model(model)
+    messages = [_message(m, i, ctx) for i, m in enumerate(f.req_list(body, "messages"))]
+    legacy, current = f.opt_int(body, "max_tokens", 1), f.opt_int(body, "max_completion_tokens", 1)
+    if legacy is not None and current is not None and legacy != current:
+        raise invalid("max_completion_tokens", "max_tokens and max_completion_tokens disagree")
+    max_tokens = current if current is not None else legacy
+    params = sampling_params(body, max_tokens)
+    stream = bool(f.opt_bool(body, "stream"))
+    options = f.opt_dict(body, "stream_options")
+    if options is not None and not stream:
+        raise invalid("stream_options", "stream_options is only allowed with stream=true")
+    f.reject_unknown(options or {}, ("include_usage", "include_obfuscation"), "stream_options.")
+    include_usage = bool(f.opt_bool(options or {}, "include_usage", "stream_options.include_usage"))
+    _check_unsupported(body)
+    tools = _tools(body)
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise unsupported("tool_choice", "tool_choice must be 'auto' or 'none'")
+    if choice == "none":
+        tools = []
+    job = GenerationJob(
+        protocol="chat_completions",
+        conversation=Conversation(messages=messages, tools=tools),
+        controls=_controls(body),
+        params=params,
+        max_tokens_given=max_tokens is not None,
+        stream=stream,
+        shape={
+            "messages": len(messages),
+            "tools": len(tools),
+            "media_items": sum(1 for m in messages for p in m.parts if isinstance(p, ImagePart | VideoPart)),
+            "stream": stream,
+        },
+    )
+    return ChatRequest(job=job, model=model, include_usage=include_usage)

@@ -1,0 +1,50 @@
+"""What every protocol route needs: the loaded pipeline, the public model id and the feature flags."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ninfer.api.errors import ApiError, invalid
+from ninfer.api.pipeline import Pipeline
+
+
+@dataclass
+class ApiContext:
+    """Filled in by the service once the artifact and engine are up; routes read it per request."""
+
+    vision: bool = False
+    model_id: str | None = None
+    pipeline: Pipeline | None = None
+    draining: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def require_pipeline(self) -> Pipeline:
+        if self.draining:
+            raise ApiError(
+                503, "server_shutting_down", "the server is shutting down and accepts no new requests"
+            )
+        if self.pipeline is None:
+            raise ApiError(
+                503,
+                "model_loading",
+                "the model is still loading; retry when /health reports ok",
+                retryable=True,
+            )
+        return self.pipeline
+
+    def check_model(self, model: str) -> None:
+        """OpenAI routes: the model field must equal the public model id (404 model_not_found, as OpenAI does)."""
+        if self.model_id is not None and model != self.model_id:
+            raise ApiError(
+                404,
+                "model_not_found",
+                f"the model {model!r} does not exist; this server serves {self.model_id!r}",
+                "model",
+            )
+
+    def check_media(self, param: str) -> None:
+        if not self.vision:
+            raise invalid(
+                param, "media input requires a server started with vision enabled", "vision_disabled"
+            )

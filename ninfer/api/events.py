@@ -1,0 +1,93 @@
+"""Protocol-independent generation events and the data a protocol adapter hands the pipeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ninfer.engine.api import SamplingParams
+from ninfer.frontend.options import RequestOptions
+
+Protocol = Literal["chat_completions", "messages", "responses"]
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallStart:
+    index: int  # order of the call within this response, from 0
+    call_id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallArgumentsDelta:
+    index: int
+    delta: str
+
+
+@dataclass(frozen=True)
+class ToolCallEnd:
+    index: int
+    arguments: str  # the complete JSON-object string
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+# "stop": model end-of-turn or a stop string; "length": output or context budget exhausted;
+# "tool_calls": the answer ended with at least one parsed tool call.
+FinishKind = Literal["stop", "length", "tool_calls"]
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event: why generation ended, the complete parse and the usage."""
+
+    finish: FinishKind
+    usage: Usage
+    reasoning: str
+    content: str
+    tool_calls: tuple[ToolCall, ...]
+    stop_string: str | None = None
+
+
+Event = ReasoningDelta | TextDelta | ToolCallStart | ToolCallArgumentsDelta | ToolCallEnd | Finished
+
+
+@dataclass
+class GenerationJob:
+    """What a protocol adapter hands the pipeline after validating its own request schema."""
+
+    protocol: Protocol
+    conversation: Any  # ninfer.frontend Conversation
+    controls: RequestOptions  # thinking / effort / preserve fields exactly as the request spelled them
+    params: SamplingParams
+    max_tokens_given: bool
+    stream: bool
+    # Request shape recorded by the log (counts and flags only, never text).
+    shape: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,269 @@
+"""Anthropic Messages request -> GenerationJob, including ordered mid-conversation system messages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ninfer.api import fields as f
+from ninfer.api.context import ApiContext
+from ninfer.api.errors import invalid, unsupported
+from ninfer.api.events import GenerationJob
+from ninfer.engine.api import SamplingParams
+from ninfer.frontend.conversation import Conversation, ImagePart, Message, TextPart, Tool, ToolCall, VideoPart
+from ninfer.frontend.options import RequestOptions
+
+KNOWN = {
+    "model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p",
+    "top_k", "metadata", "tools", "tool_choice", "thinking", "output_config", "preserve_thinking",
+    "service_tier",
+}  # fmt: skip
+COUNT_KNOWN = {
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "output_config",
+    "preserve_thinking",
+}
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+
+
+@dataclass
+class MessagesRequest:
+    job: GenerationJob
+    model: str
+
+
+def _text_blocks(content: Any, param: str) -> list[TextPart]:
+    if isinstance(content, str):
+        return [TextPart(content)]
+    if not isinstance(content, list):
+        raise invalid(param, f"{param!r} must be a string or an array of text blocks", "invalid_type")
+    out = []
+    for j, raw in enumerate(content):
+        block = f.as_dict(raw, f"{param}[{j}]")
+        if block.get("type") != "text":
+            raise invalid(f"{param}[{j}].type", "only text blocks are allowed here", "invalid_value")
+        out.append(TextPart(f.req_str(block, "text", f"{param}[{j}].text", nonempty=False)))
+    return out
+
+
+def _image(block: dict[str, Any], param: str, ctx: ApiContext) -> ImagePart:
+    ctx.check_media(param)
+    source = f.as_dict(block.get("source"), f"{param}.source")
+    kind = source.get("type")
+    if kind == "base64":
+        media = f.req_str(source, "media_type", f"{param}.source.media_type")
+        return ImagePart(f"data:{media};base64,{f.req_str(source, 'data', f'{param}.source.data')}")
+    if kind == "url":
+        return ImagePart(f.req_str(source, "url", f"{param}.source.url"))
+    raise invalid(f"{param}.source.type", "image source must be base64 or url", "invalid_value")
+
+
+def _tool_result(block: dict[str, Any], param: str, ctx: ApiContext) -> Message:
+    content = block.get("content")
+    parts: list[Any] = []
+    if isinstance(content, str):
+        parts = [TextPart(content)]
+    elif isinstance(content, list):
+        for j, raw in enumerate(content):
+            sub = f.as_dict(raw, f"{param}.content[{j}]")
+            if sub.get("type") == "text":
+                parts.append(TextPart(f.req_str(sub, "text", f"{param}.content[{j}].text", nonempty=False)))
+            elif sub.get("type") == "image":
+                parts.append(_image(sub, f"{param}.content[{j}]", ctx))
+            else:
+                raise invalid(
+                    f"{param}.content[{j}].type", "tool results hold text or image blocks", "invalid_value"
+                )
+    elif content is not None:
+        raise invalid(f"{param}.content", "tool result content must be a string or an array", "invalid_type")
+    call_id = f.req_str(block, "tool_use_id", f"{param}.tool_use_id")
+    return Message(role="tool", parts=parts, tool_call_id=call_id)
+
+
+def _user(content: Any, param: str, ctx: ApiContext) -> list[Message]:
+    """A user turn; its tool_result blocks become tool messages placed in block order."""
+    if isinstance(content, str):
+        return [Message(role="user", parts=[TextPart(content)])]
+    if not isinstance(content, list):
+        raise invalid(param, f"{param!r} must be a string or an array of blocks", "invalid_type")
+    out: list[Message] = []
+    parts: list[Any] = []
+    for j, raw in enumerate(content):
+        p = f"{param}[{j}]"
+        block = f.as_dict(raw, p)
+        kind = block.get("type")
+        if kind == "tool_result":
+            if parts:
+                out.append(Message(role="user", parts=parts))
+                parts = []
+            out.append(_tool_result(block, p, ctx))
+        elif kind == "text":
+            parts.append(TextPart(f.req_str(block, "text", f"{p}.text", nonempty=False)))
+        elif kind == "image":
+            parts.append(_image(block, p, ctx))
+        else:
+            raise invalid(f"{p}.type", f"unsupported user content block {kind!r}", "invalid_value")
+    if parts or not out:
+        out.append(Message(role="user", parts=parts))
+    return out
+
+
+def _assistant(content: Any, param: str) -> Message:
+    if isinstance(content, str):
+        return Message(role="assistant", parts=[TextPart(content)])
+    if not isinstance(content, list):
+        raise invalid(param, f"{param!r} must be a string or an array of blocks", "invalid_type")
+    parts: list[Any] = []
+    reasoning: list[str] = []
+    calls: list[ToolCall] = []
+    for j, raw in enumerate(content):
+        p = f"{param}[{j}]"
+        block = f.as_dict(raw, p)
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(TextPart(f.req_str(block, "text", f"{p}.text", nonempty=False)))
+        elif kind == "thinking":
+            reasoning.append(f.req_str(block, "thinking", f"{p}.thinking", nonempty=False))
+        elif kind == "tool_use":
+            args = f.as_dict(block.get("input"), f"{p}.input")
+            calls.append(
+                ToolCall(f.req_str(block, "id", f"{p}.id"), f.req_str(block, "name", f"{p}.name"), args)
+            )
+        else:
+            raise invalid(f"{p}.type", f"unsupported assistant content block {kind!r}", "invalid_value")
+    return Message(
+        role="assistant", parts=parts, reasoning="".join(reasoning) if reasoning else None, tool_calls=calls
+    )
+
+
+def _check_system_placement(roles: list[str]) -> None:
+    """A system section follows a user turn and is final or immediately precedes an assistant turn."""
+    i = 0
+    while i < len(roles):
+        if roles[i] != "system":
+            i += 1
+            continue
+        end = i
+        while end < len(roles) and roles[end] == "system":
+            end += 1
+        if i == 0 or roles[i - 1] != "user":
+            raise invalid(f"messages[{i}]", "a system message must follow a user or tool-result message")
+        if end < len(roles) and roles[end] != "assistant":
+            raise invalid(
+                f"messages[{i}]", "a system message must be last or immediately precede an assistant message"
+            )
+        i = end
+
+
+def conversation(body: dict[str, Any], ctx: ApiContext) -> tuple[Conversation, int]:
+    """The conversation and the number of protocol messages."""
+    raw_messages = f.req_list(body, "messages")
+    out: list[Message] = []
+    system = body.get("system")
+    if system is not None and system != "" and system != []:
+        out.append(Message(role="system", parts=_text_blocks(system, "system")))
+    roles: list[str] = []
+    for i, raw in enumerate(raw_messages):
+        p = f"messages[{i}]"
+        msg = f.as_dict(raw, p)
+        role, content = msg.get("role"), msg.get("content")
+        if content is None:
+            raise invalid(f"{p}.content", "missing required parameter", "missing_required_parameter")
+        roles.append(role if isinstance(role, str) else "")
+        if role == "user":
+            out.extend(_user(content, f"{p}.content", ctx))
+        elif role == "assistant":
+            out.append(_assistant(content, f"{p}.content"))
+        elif role == "system":
+            out.append(Message(role="system", parts=_text_blocks(content, f"{p}.content")))
+        else:
+            raise invalid(f"{p}.role", f"unsupported role {role!r}", "invalid_value")
+    _check_system_placement(roles)
+    tools = _tools(body)
+    return Conversation(messages=out, tools=tools), len(raw_messages)
+
+
+def _tools(body: dict[str, Any]) -> list[Tool]:
+    tools = []
+    for i, raw in enumerate(f.opt_list(body, "tools") or []):
+        p = f"tools[{i}]"
+        tool = f.as_dict(raw, p)
+        if tool.get("type") not in (None, "custom"):
+            raise unsupported(f"{p}.type", "only client-defined tools are supported")
+        schema = f.opt_dict(tool, "input_schema", f"{p}.input_schema")
+        tools.append(
+            Tool(
+                f.req_str(tool, "name", f"{p}.name"),
+                f.opt_str(tool, "description", f"{p}.description"),
+                schema,
+            )
+        )
+    choice = f.opt_dict(body, "tool_choice")
+    if choice is not None and choice.get("type") not in ("auto", "none"):
+        raise unsupported("tool_choice", "tool_choice must be {'type': 'auto'} or {'type': 'none'}")
+    return [] if choice is not None and choice.get("type") == "none" else tools
+
+
+def controls(body: dict[str, Any]) -> RequestOptions:
+    thinking = f.opt_dict(body, "thinking")
+    kind = None
+    if thinking is not None:
+        kind = f.req_str(thinking, "type", "thinking.type")
+        if kind not in ("enabled", "disabled", "adaptive"):
+            raise invalid(
+                "thinking.type", "thinking.type must be enabled, disabled or adaptive", "invalid_value"
+            )
+    config = f.opt_dict(body, "output_config") or {}
+    f.reject_unknown(config, ("effort",), "output_config.")
+    effort = f.opt_str(config, "effort", "output_config.effort")
+    if effort is not None and effort not in EFFORTS:
+        raise invalid("output_config.effort", f"effort must be one of {', '.join(EFFORTS)}", "invalid_value")
+    return RequestOptions(
+        effort=effort,
+        effort_param="output_config.effort",
+        thinking_type=kind,
+        preserve_thinking=f.opt_bool(body, "preserve_thinking"),
+    )
+
+
+def parse(body: dict[str, Any], ctx: ApiContext) -> MessagesRequest:
+    f.reject_unknown(body, KNOWN)
+    model = f.req_str(body, "model")  # a response label; it does not select the artifact
+    max_tokens = f.opt_int(body, "max_tokens", 1)
+    if max_tokens is None:
+        raise invalid("max_tokens", "missing required parameter: 'max_tokens'", "missing_required_parameter")
+    conv, count = conversation(body, ctx)
+    f.opt_dict(body, "metadata")
+    stream = bool(f.opt_bool(body, "stream"))
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=f.opt_float(body, "temperature", 0.0, 1.0),
+        top_p=f.opt_float(body, "top_p", 0.0, 1.0),
+        top_k=f.opt_int(body, "top_k", 0),
+        stop=f.stop_list(body, "stop_sequences"),
+    )
+    media = sum(1 for m in conv.messages for p in m.parts if isinstance(p, ImagePart | VideoPart))
+    job = GenerationJob(
+        protocol="messages",
+        conversation=conv,
+        controls=controls(body),
+        params=params,
+        max_tokens_given=True,
+        stream=stream,
+        shape={"messages": count, "tools": len(conv.tools), "media_items": media, "stream": stream},
+    )
+    return MessagesRequest(job=job, model=model)
+
+
+def parse_count(body: dict[str, Any], ctx: ApiContext) -> GenerationJob:
+    f.reject_unknown(body, COUNT_KNOWN)
+    f.req_str(body, "model")
+    conv, _ = conversation(body, ctx)
+    return GenerationJob(
+        "messages", conv, controls(body), SamplingParams(), False, False, {"tools": len(conv.tools)}
+    )

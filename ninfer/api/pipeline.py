@@ -1,0 +1,261 @@
+"""The protocol-independent generation path: ticket -> prepare -> context check -> submit -> events."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ninfer.api.errors import ApiError, internal
+from ninfer.api.events import Event, Finished, GenerationJob, ToolCall, Usage
+from ninfer.api.ports import EnginePort, Handle, Observer, OutputDecoder, Prepared, PromptPort, Ticket
+from ninfer.engine.api import (
+    ContextLengthExceeded,
+    EngineError,
+    EngineOverloaded,
+    EngineStopped,
+    GenerationRequest,
+    QueueTimeout,
+    RequestStats,
+    StepOutput,
+)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    max_context: int
+    default_max_tokens: int
+
+
+def context_error(prompt_tokens: int, max_context: int) -> ApiError:
+    return ApiError(
+        400,
+        "context_length_exceeded",
+        f"the prepared prompt has {prompt_tokens} tokens; this server allows at most "
+        f"{max_context} tokens of prompt plus output (max_context={max_context})",
+        "messages",
+    )
+
+
+def engine_error(exc: BaseException) -> ApiError:
+    """Map an engine exception to the contract's HTTP error."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, EngineOverloaded):
+        return ApiError(429, "server_overloaded", "the server is at capacity; retry later", retryable=True)
+    if isinstance(exc, QueueTimeout):
+        return ApiError(
+            503, "request_queue_timeout", "the request was not admitted before the pending timeout"
+        )
+    if isinstance(exc, ContextLengthExceeded):
+        return context_error(exc.prompt_tokens, exc.max_context)
+    if isinstance(exc, EngineStopped):
+        return ApiError(
+            503, "server_shutting_down", "the server is shutting down and accepts no new requests"
+        )
+    if isinstance(exc, EngineError):
+        return internal(f"generation failed: {exc}")
+    return internal(f"internal error: {type(exc).__name__}: {exc}")
+
+
+class Pipeline:
+    """Runs one generation per call to `open`; protocol adapters only translate shapes."""
+
+    def __init__(
+        self,
+        engine: EnginePort,
+        prompts: PromptPort,
+        observer: Observer,
+        config: PipelineConfig,
+        next_id: Callable[[], int],
+    ) -> None:
+        self.engine = engine
+        self.prompts = prompts
+        self.observer = observer
+        self.config = config
+        self._next_id = next_id
+
+    def count_tokens(self, job: GenerationJob) -> int:
+        """Prompt tokens of a job without generating (not a measurement request)."""
+        return len(
+            self.prompts.prepare(job.conversation, job.controls, bool(job.shape.get("tools"))).token_ids
+        )
+
+    def open(self, job: GenerationJob) -> Generation:
+        """Reserve, prepare and submit; raise ApiError (with an HTTP status) on any synchronous failure.
+
+        Returns once the first engine output is available, so admission failures still get a
+        real status code instead of an in-band stream error.
+        """
+        request_id = self._next_id()
+        t0 = time.monotonic()
+        tools = bool(job.shape.get("tools"))
+        ticket: Ticket | None = None
+        try:
+            ticket = self.engine.reserve()
+            prepared = self.prompts.prepare(job.conversation, job.controls, tools)
+            room = self.config.max_context - len(prepared.token_ids)
+            if room <= 0:
+                raise context_error(len(prepared.token_ids), self.config.max_context)
+            wanted = job.params.max_tokens if job.max_tokens_given else self.config.default_max_tokens
+            params = replace(job.params, max_tokens=min(wanted, room))
+            request = GenerationRequest(
+                request_id=str(request_id),
+                prompt_ids=prepared.token_ids,
+                params=params,
+                thinking=prepared.thinking,
+                turn_checkpoint=prepared.turn_checkpoint,
+                response_checkpoint=prepared.response_checkpoint,
+            )
+            decoder = self.prompts.decoder(prepared, job.conversation.tools, params.stop)
+            handle = self.engine.submit(ticket, request)
+        except Exception as exc:
+            if ticket is not None:
+                ticket.release()
+            error = engine_error(exc)
+            self.observer.rejected(request_id, job, error, time.monotonic() - t0)
+            raise error from exc
+        self.observer.started(request_id, job, prepared, request)
+        gen = Generation(request_id, job, prepared, handle, ticket, decoder, self)
+        gen.prepare_s = time.monotonic() - t0
+        gen.prime()
+        return gen
+
+
+class Generation:
+    """One submitted request. Iterate `events()`; always `close()` (it cancels if unfinished)."""
+
+    def __init__(
+        self,
+        request_id: int,
+        job: GenerationJob,
+        prepared: Prepared,
+        handle: Handle,
+        ticket: Ticket,
+        decoder: OutputDecoder,
+        pipeline: Pipeline,
+    ) -> None:
+        self.request_id = request_id
+        self.job = job
+        self.prepared = prepared
+        self.prompt_tokens = len(prepared.token_ids)
+        self.prepare_s = 0.0
+        self._handle = handle
+        self._ticket = ticket
+        self._decoder = decoder
+        self._pipeline = pipeline
+        self._outputs: Iterator[StepOutput] = iter(handle)
+        self._first: StepOutput | None = None
+        self._completion_ids: list[int] = []
+        self._finished: Finished | None = None
+        self._error: ApiError | None = None
+        self._engine_finish: str | None = None
+        self._closed = False
+
+    def prime(self) -> None:
+        """Wait for the first output; on failure close the request and raise its HTTP error."""
+        try:
+            self._first = next(self._outputs)
+        except StopIteration:
+            self._first = StepOutput((), "error", error="engine ended the request without output")
+        except BaseException as exc:
+            self._error = engine_error(exc)
+            self.close()
+            raise self._error from exc
+
+    def _steps(self) -> Iterator[StepOutput]:
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield first
+        yield from self._outputs
+
+    def events(self) -> Iterator[Event]:
+        """Parsed events in order, ending with one `Finished`; raises ApiError on a generation failure."""
+        try:
+            yield from self._run()
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            self._error = engine_error(exc)
+            raise self._error from exc
+
+    def _run(self) -> Iterator[Event]:
+        finish: StepOutput | None = None
+        for out in self._steps():
+            self._completion_ids.extend(out.token_ids)
+            ids = (
+                [t for t in out.token_ids if t != out.stop_token_id]
+                if out.stop_token_id is not None
+                else out.token_ids
+            )
+            yield from self._decoder.feed(ids)
+            if out.finish_reason is not None:
+                finish = out
+                break
+        if finish is None:
+            raise internal("the engine ended the request without a finish reason")
+        self._engine_finish = finish.finish_reason
+        if finish.finish_reason == "error":
+            raise internal(f"generation failed: {finish.error or 'unknown engine error'}")
+        if finish.finish_reason == "cancelled":
+            raise ApiError(
+                503, "request_cancelled", "the request was cancelled by the server (shutdown or drain)"
+            )
+        tail, parse = self._decoder.finish()
+        yield from tail
+        self._finished = self._final(finish, parse)
+        yield self._finished
+
+    def _final(self, finish: StepOutput, parse: Any) -> Finished:
+        calls = tuple(
+            ToolCall(c.call_id, c.name, c.arguments) for c in getattr(parse, "tool_calls", ()) or ()
+        )
+        stats = self.stats
+        completion = len(self._completion_ids)
+        kind = "length" if finish.finish_reason == "length" else ("tool_calls" if calls else "stop")
+        usage = Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=completion,
+            cached_tokens=stats.cached_tokens if stats else 0,
+            reasoning_tokens=parse.reasoning_tokens,
+        )
+        return Finished(
+            finish=kind,
+            usage=usage,
+            reasoning=parse.reasoning,
+            content=parse.content,
+            tool_calls=calls,
+            stop_string=finish.stop_string,
+        )
+
+    @property
+    def stats(self) -> RequestStats | None:
+        return getattr(self._handle, "stats", None)
+
+    def close(self) -> None:
+        """Cancel an unfinished request, release its ticket and report it exactly once."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._finished is None and self._engine_finish is None:
+                self._handle.cancel()
+        finally:
+            self._ticket.release()
+            self._report()
+
+    def _report(self) -> None:
+        observer = self._pipeline.observer
+        if self._error is not None:
+            observer.failed(self.request_id, self.job, self._error, self.stats)
+            return
+        summary: dict[str, Any] = {
+            "finish_reason": self._finished.finish if self._finished else "cancelled",
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": len(self._completion_ids),
+            "reasoning_tokens": self._finished.usage.reasoning_tokens if self._finished else None,
+            "tool_calls": len(self._finished.tool_calls) if self._finished else 0,
+            "prepare_s": self.prepare_s,
+        }
+        observer.done(self.request_id, self.job, summary, self.stats or RequestStats())

@@ -1,0 +1,118 @@
+"""The frontend behind the pipeline's PromptPort: option resolution, rendering and output parsing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ninfer.api import events as ev
+from ninfer.api.errors import ApiError, invalid
+from ninfer.api.ports import Prepared
+from ninfer.api.stopfilter import StopFilter
+from ninfer.frontend import parser as fp
+from ninfer.frontend.capabilities import resolve_capabilities
+from ninfer.frontend.conversation import Conversation, Tool
+from ninfer.frontend.options import FrontendError, RequestOptions, ServerDefaults, resolve_options
+from ninfer.frontend.prepare import prepare_prompt
+from ninfer.frontend.render import TemplateError
+from ninfer.text.detok import IncrementalDetokenizer
+from ninfer.text.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class FinalParse:
+    reasoning: str
+    content: str
+    tool_calls: tuple[ev.ToolCall, ...]
+    reasoning_tokens: int
+
+
+class FrontendDecoder:
+    """ids -> detokenized text -> stop-string filter -> frontend output parser -> pipeline events."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, thinking: bool, tools: list[Tool], stop: tuple[str, ...]
+    ) -> None:
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._stop = StopFilter(stop)
+        self._parser = fp.OutputParser(thinking=thinking, tools=tools)
+        self._reasoning_tokens = 0
+        self._args: dict[int, list[str]] = {}
+        self._calls: list[ev.ToolCall] = []
+
+    def feed(self, token_ids: Sequence[int]) -> list[ev.Event]:
+        out: list[ev.Event] = []
+        for token in token_ids:
+            if self._parser.in_reasoning:
+                self._reasoning_tokens += 1
+            text = self._stop.feed(self._detok.push([token]))
+            if text:
+                out += self._convert(self._parser.feed_text(text))
+        return out
+
+    def finish(self) -> tuple[list[ev.Event], FinalParse]:
+        tail = self._stop.feed(self._detok.flush()) + self._stop.flush()
+        events = self._convert(self._parser.feed_text(tail)) if tail else []
+        events += self._convert(self._parser.finish())
+        result = self._parser.result
+        final = FinalParse(result.reasoning, result.content, tuple(self._calls), self._reasoning_tokens)
+        return events, final
+
+    def _convert(self, items: list[fp.Event]) -> list[ev.Event]:
+        out: list[ev.Event] = []
+        for item in items:
+            if isinstance(item, fp.ReasoningDelta):
+                out.append(ev.ReasoningDelta(item.text))
+            elif isinstance(item, fp.TextDelta):
+                out.append(ev.TextDelta(item.text))
+            elif isinstance(item, fp.ToolCallStart):
+                self._args[item.index] = []
+                out.append(ev.ToolCallStart(item.index, item.id, item.name))
+            elif isinstance(item, fp.ToolCallArgumentsDelta):
+                self._args[item.index].append(item.json_fragment)
+                out.append(ev.ToolCallArgumentsDelta(item.index, item.json_fragment))
+            elif isinstance(item, fp.ToolCallEnd):
+                args = "".join(self._args.get(item.index, [])) or json.dumps(item.call.arguments)
+                self._calls.append(ev.ToolCall(item.call.id, item.call.name, args))
+                out.append(ev.ToolCallEnd(item.index, args))
+        return out
+
+
+class FrontendPrompts:
+    """PromptPort over the artifact's chat template and tokenizer."""
+
+    def __init__(self, template: str, tokenizer: Tokenizer, defaults: ServerDefaults) -> None:
+        self.template = template
+        self.tokenizer = tokenizer
+        self.defaults = defaults
+        self.caps = resolve_capabilities(template)
+
+    def prepare(self, conversation: Conversation, controls: RequestOptions, tools_present: bool) -> Prepared:
+        try:
+            options = resolve_options(controls, self.caps, self.defaults)
+        except FrontendError as exc:
+            raise ApiError(400, exc.code, exc.message, exc.param) from None
+        try:
+            prompt = prepare_prompt(conversation, options, self.template, self.tokenizer, self.caps)
+        except TemplateError as exc:
+            raise invalid(
+                "messages", f"the chat template rejected the conversation: {exc}", "invalid_prompt"
+            ) from None
+        if prompt.media:
+            raise ApiError(
+                501, "media_not_implemented", "media input is not available in this build", "messages"
+            )
+        return Prepared(
+            token_ids=tuple(prompt.token_ids),
+            thinking=options.thinking,
+            preserve_thinking=options.preserve_thinking,
+            effort=options.effort,
+            turn_checkpoint=prompt.turn_checkpoint,
+            response_checkpoint=prompt.response_checkpoint,
+            media_items=len(prompt.media),
+        )
+
+    def decoder(self, prepared: Prepared, tools: list[Any], stop: tuple[str, ...]) -> FrontendDecoder:
+        return FrontendDecoder(self.tokenizer, prepared.thinking, tools, stop)

@@ -1,0 +1,102 @@
+"""gunicorn as a library: one gthread worker whose app factory starts the engine on its own thread."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from gunicorn import glogging
+from gunicorn.app.base import BaseApplication
+
+from ninfer.service.console import ConsoleFormatter, logger
+from ninfer.service.options import ServiceOptions
+
+RuntimeFactory = Callable[[], Any]  # -> ServiceRuntime, called inside the worker
+
+
+class ConsoleLogger(glogging.Logger):
+    """gunicorn's error log in the service's console format (the access log stays off)."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for handler in self.error_log.handlers:
+            handler.setFormatter(ConsoleFormatter())
+
+
+def _post_worker_init(worker: Any) -> None:
+    worker.app.install_drain(worker)
+
+
+def _worker_exit(server: Any, worker: Any) -> None:
+    runtime = getattr(worker.app, "runtime", None)
+    if runtime is not None:
+        runtime.shutdown()
+
+
+class NinferApplication(BaseApplication):
+    """Never parses argv nor reads gunicorn.conf.py: the settings are the only configuration."""
+
+    def __init__(self, options: ServiceOptions, runtime_factory: RuntimeFactory) -> None:
+        self.options = options
+        self.runtime_factory = runtime_factory
+        self.runtime: Any = None
+        super().__init__()
+
+    def load_config(self) -> None:
+        opts = self.options
+        values = {
+            "bind": [f"{opts.host}:{opts.port}"],
+            "workers": 1,
+            "worker_class": "gthread",
+            "threads": opts.threads,
+            "preload_app": False,
+            "timeout": 60,
+            "graceful_timeout": int(opts.drain_timeout_s) + 5,
+            "keepalive": 5,
+            "max_requests": 0,
+            "accesslog": None,
+            "errorlog": "-",
+            "loglevel": opts.log_level.lower(),
+            "logger_class": ConsoleLogger,
+            "post_worker_init": _post_worker_init,
+            "worker_exit": _worker_exit,
+            "proc_name": "ninfer",
+        }
+        for key, value in values.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        """Runs in the worker: build the runtime, start loading, return the WSGI app at once."""
+        from ninfer.service.app import create_app
+        from ninfer.service.telemetry import TracingMiddleware
+
+        runtime = self.runtime_factory()
+        self.runtime = runtime
+        runtime.start()
+        opts = self.options
+        app = create_app(
+            runtime.ctx,
+            runtime.health,
+            api_key=opts.api_key,
+            cors=opts.cors,
+            max_request_bytes=opts.max_request_bytes,
+        )
+        return TracingMiddleware(app, runtime.tracing)
+
+    def install_drain(self, worker: Any) -> None:
+        """SIGTERM: stop admitting at once, let the engine finish or cancel in-flight work within the bound."""
+        previous = signal.getsignal(signal.SIGTERM)
+        runtime = self.runtime
+
+        def on_term(signum: int, frame: Any) -> None:
+            runtime.begin_drain()
+            threading.Thread(target=runtime.shutdown, name="ninfer-drain", daemon=True).start()
+            if callable(previous):
+                previous(signum, frame)
+
+        signal.signal(signal.SIGTERM, on_term)
+        logging.getLogger("gunicorn.error").debug("drain handler installed")
+        logger().debug("worker %s ready for requests", worker.pid)

@@ -1,0 +1,104 @@
+"""Falcon middleware: API-key auth, the raw body limit (before any JSON parsing), error rendering."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import falcon
+
+from ninfer.api.errors import ApiError, dialect_for_path, internal
+from ninfer.service.console import logger
+
+OPEN_PATHS = frozenset({"/health"})
+_READ_CHUNK = 1 << 20
+
+
+class ApiKeyAuth:
+    """Require the key as `Authorization: Bearer` or `x-api-key` everywhere but /health and preflight."""
+
+    def __init__(self, api_key: str) -> None:
+        self._key = api_key.encode("utf-8")
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if req.method == "OPTIONS" or req.path in OPEN_PATHS:
+            return
+        given = req.get_header("x-api-key")
+        if given is None:
+            auth = req.get_header("Authorization") or ""
+            scheme, _, token = auth.partition(" ")
+            given = token.strip() if scheme.lower() == "bearer" else None
+        if given is None or not hmac.compare_digest(given.encode("utf-8"), self._key):
+            raise ApiError(401, "invalid_api_key", "missing or invalid API key", retryable=False)
+
+
+class BodyLimit:
+    """Read POST bodies into `req.context.body`, refusing more than `limit` bytes with 413.
+
+    Content-Length is checked before reading; a chunked body is read with a bounded loop, so a
+    body without a length can never be buffered beyond the limit plus one chunk.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def _too_large(self) -> ApiError:
+        mib = self.limit / (1024 * 1024)
+        return ApiError(413, "request_too_large", f"request body exceeds max_request_mib ({mib:g} MiB)")
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        req.context.body = b""
+        if req.method not in ("POST", "PUT", "PATCH"):
+            return
+        length = req.content_length
+        if length is not None:
+            if length > self.limit:
+                raise self._too_large()
+            req.context.body = req.bounded_stream.read(length)
+            return
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = req.stream.read(min(_READ_CHUNK, self.limit + 1 - total))
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > self.limit:
+                raise self._too_large()
+            chunks.append(chunk)
+        req.context.body = b"".join(chunks)
+
+
+def render_error(resp: falcon.Response, path: str, error: ApiError) -> None:
+    resp.status = falcon.code_to_http_status(error.status)
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = error.body_bytes(dialect_for_path(path))
+    if not error.retryable:
+        resp.set_header("x-should-retry", "false")
+
+
+def handle_api_error(req: falcon.Request, resp: falcon.Response, ex: ApiError, params: Any) -> None:
+    render_error(resp, req.path, ex)
+
+
+def handle_http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError, params: Any) -> None:
+    """Falcon's own errors (unknown route, wrong method) in the protocol's envelope."""
+    status = ex.status_code
+    code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
+    message = ex.description or ex.title or "error"
+    if status == 404:
+        message = f"no route for {req.method} {req.path}"
+    render_error(resp, req.path, ApiError(status, code, message))
+    for name, value in (ex.headers or {}).items():
+        resp.set_header(name, value)
+
+
+def handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    logger().exception("unhandled error on %s %s", req.method, req.path)
+    render_error(resp, req.path, internal(f"internal error: {type(ex).__name__}"))
+
+
+def install_error_handlers(app: falcon.App) -> None:
+    app.add_error_handler(Exception, handle_unexpected)
+    app.add_error_handler(falcon.HTTPError, handle_http_error)
+    app.add_error_handler(ApiError, handle_api_error)

@@ -1,0 +1,139 @@
+"""The pipeline observer: request-log events, rounded console summaries and trace spans."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict
+from typing import Any
+
+from ninfer.api.errors import ApiError
+from ninfer.api.events import GenerationJob
+from ninfer.api.ports import Prepared
+from ninfer.engine.api import GenerationRequest, RequestStats
+from ninfer.service.console import logger
+from ninfer.service.request_log import RequestLog
+from ninfer.service.telemetry import Tracing
+
+
+def _config(
+    job: GenerationJob, request: GenerationRequest | None, prepared: Prepared | None
+) -> dict[str, Any]:
+    params = request.params if request is not None else job.params
+    return {
+        "protocol": job.protocol,
+        "stream": job.stream,
+        "max_tokens": params.max_tokens,
+        "requested_sampling": {
+            k: v for k, v in asdict(params).items() if k not in ("stop", "stop_token_ids", "max_tokens")
+        },
+        "stop_strings": len(params.stop),
+        "thinking": prepared.thinking if prepared else None,
+        "preserve_thinking": prepared.preserve_thinking if prepared else None,
+        "reasoning_effort": prepared.effort if prepared else None,
+    }
+
+
+class Recorder:
+    """Implements `ninfer.api.ports.Observer` for the service."""
+
+    def __init__(self, log: RequestLog, tracing: Tracing) -> None:
+        self.log = log
+        self.tracing = tracing
+        self._lock = threading.Lock()
+        self._configs: dict[int, dict[str, Any]] = {}
+        self.counts = {"started": 0, "rejected": 0, "done": 0, "error": 0}
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.counts[key] += 1
+
+    def rejected(self, request_id: int, job: GenerationJob, error: ApiError, prepare_s: float) -> None:
+        self._count("rejected")
+        self.log.emit(
+            "request_rejected",
+            request_id=request_id,
+            protocol=job.protocol,
+            phase="prepare",
+            shape=job.shape,
+            media_items=job.shape.get("media_items", 0),
+            prepare_seconds=prepare_s,
+            http=error.describe(),
+        )
+        logger().info("request %d rejected: %d %s", request_id, error.status, error.code)
+
+    def started(
+        self, request_id: int, job: GenerationJob, prepared: Prepared, request: GenerationRequest
+    ) -> None:
+        self._count("started")
+        config = _config(job, request, prepared)
+        with self._lock:
+            self._configs[request_id] = config
+        self.log.emit(
+            "request_start",
+            request_id=request_id,
+            shape=job.shape,
+            prompt_tokens=len(prepared.token_ids),
+            media_items=prepared.media_items,
+            seed=request.params.seed,
+            **config,
+        )
+        self.tracing.request_started(request_id, job, prepared, request)
+
+    def done(self, request_id: int, job: GenerationJob, summary: dict[str, Any], stats: RequestStats) -> None:
+        self._count("done")
+        with self._lock:
+            self._configs.pop(request_id, None)
+        timings = {
+            "prepare": summary["prepare_s"],
+            "queue": stats.queue_s,
+            "ttft": stats.ttft_s,
+            "vision": 0.0,
+            "prefill": stats.prefill_s,
+            "decode": stats.decode_s,
+            "total": stats.total_s,
+        }
+        self.log.emit(
+            "request_done",
+            request_id=request_id,
+            protocol=job.protocol,
+            finish_reason=summary["finish_reason"],
+            prompt_tokens=summary["prompt_tokens"],
+            completion_tokens=summary["completion_tokens"],
+            reasoning_tokens=summary["reasoning_tokens"],
+            tool_calls=summary["tool_calls"],
+            cached_tokens=stats.cached_tokens,
+            computed_prefill_tokens=stats.computed_prefill_tokens,
+            prefix_reuse_path=stats.reuse_path,
+            resolved_sampling=stats.resolved_sampling,
+            seed=stats.seed,
+            timings_seconds=timings,
+            speculative=stats.speculative,
+        )
+        logger().info(
+            "request %d done: %s prompt=%d cache=%d completion=%d ttft=%.3fs total=%.3fs",
+            request_id,
+            summary["finish_reason"],
+            summary["prompt_tokens"],
+            stats.cached_tokens,
+            summary["completion_tokens"],
+            stats.ttft_s,
+            stats.total_s,
+        )
+        self.tracing.request_finished(request_id, summary, stats, None)
+
+    def failed(
+        self, request_id: int, job: GenerationJob, error: ApiError, stats: RequestStats | None
+    ) -> None:
+        self._count("error")
+        with self._lock:
+            config = self._configs.pop(request_id, None) or _config(job, None, None)
+        self.log.emit(
+            "request_error",
+            request_id=request_id,
+            config=config,
+            message=error.message,
+            http=error.describe(),
+            completion_tokens=stats.completion_tokens if stats else 0,
+        )
+        logger().warning("request %d failed: %s", request_id, error.message)
+        self.tracing.request_finished(request_id, None, stats, error)

@@ -1,0 +1,172 @@
+"""The worker's composition root: artifact, engine (loaded on its own thread), pipeline, log, tracing."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ninfer.api.context import ApiContext
+from ninfer.api.pipeline import Pipeline, PipelineConfig
+from ninfer.service.console import logger
+from ninfer.service.options import ServiceOptions
+from ninfer.service.recorder import Recorder
+from ninfer.service.request_log import RequestLog, redact_argv
+from ninfer.service.telemetry import Tracing
+from ninfer.service.throughput import ThroughputReporter
+
+# (settings, artifact) -> an engine with start(), ready, reserve(), submit(), shutdown(), snapshot()
+EngineFactory = Callable[[Any, Any], Any]
+
+
+def default_engine_factory(settings: Any, artifact: Any) -> Any:
+    from ninfer.engine.engine import Engine
+
+    return Engine.from_settings(settings, artifact)
+
+
+class ServiceRuntime:
+    """Everything one worker serves with. `start()` returns at once; loading runs on a thread."""
+
+    def __init__(
+        self,
+        settings: Any,
+        options: ServiceOptions,
+        instance_id: str,
+        argv: list[str],
+        engine_factory: EngineFactory = default_engine_factory,
+        tracing: Tracing | None = None,
+    ) -> None:
+        self.settings = settings
+        self.options = options
+        self.instance_id = instance_id
+        self.argv = argv
+        self.engine_factory = engine_factory
+        self.ctx = ApiContext(vision=options.vision, model_id=options.model_id)
+        self.log = RequestLog(options.request_log_path, instance_id, options.artifact)
+        self.tracing = tracing or Tracing.from_config(
+            options.trace_exporter, options.otlp_endpoint, options.service_name, instance_id
+        )
+        self.tracing.model_id = lambda: self.ctx.model_id
+        self.recorder = Recorder(self.log, self.tracing)
+        self.engine: Any = None
+        self.error: str | None = None
+        self.reporter: ThroughputReporter | None = None
+        self._ids = itertools.count(1)
+        self._id_lock = threading.Lock()
+        self._loader = threading.Thread(target=self._load, name="ninfer-loader", daemon=True)
+
+    def next_request_id(self) -> int:
+        with self._id_lock:
+            return next(self._ids)
+
+    def start(self) -> None:
+        self._loader.start()
+
+    def health(self) -> tuple[int, dict[str, object]]:
+        if self.error is not None:
+            return 503, {"status": "error", "message": self.error}
+        if self.ctx.draining:
+            return 503, {"status": "draining"}
+        if self.ctx.pipeline is None or not getattr(self.engine, "ready", False):
+            return 503, {"status": "loading"}
+        return 200, {"status": "ok"}
+
+    def _load(self) -> None:
+        try:
+            self._load_inner()
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            logger().exception("startup failed")
+
+    def _load_inner(self) -> None:
+        from ninfer.api.prompting import FrontendPrompts
+        from ninfer.artifact import ensure_demo_artifact, open_artifact
+        from ninfer.frontend.options import ServerDefaults
+        from ninfer.text.tokenizer import Tokenizer
+
+        t0 = time.monotonic()
+        path = self.options.artifact or str(ensure_demo_artifact())
+        artifact = open_artifact(path)
+        logger().info("artifact %s (%s) opened in %.3fs", path, artifact.model_id, time.monotonic() - t0)
+        tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
+        defaults = ServerDefaults(self.options.thinking_default, self.options.preserve_thinking_default)
+        prompts = FrontendPrompts(artifact.chat_template, tokenizer, defaults)
+        self.engine = self.engine_factory(self.settings, artifact)
+        self.engine.start()
+        while not getattr(self.engine, "ready", False):
+            failure = getattr(self.engine, "error", None)
+            if failure:
+                raise RuntimeError(f"engine failed to start: {failure}")
+            time.sleep(0.02)
+        config = PipelineConfig(self.options.max_context, self.options.default_max_tokens)
+        pipeline = Pipeline(self.engine, prompts, self.recorder, config, self.next_request_id)
+        self.ctx.model_id = self.options.model_id or artifact.model_id
+        self._server_start(path, artifact)
+        self.ctx.pipeline = pipeline
+        self.reporter = ThroughputReporter(self.engine, self.log, self.options.log_stats_interval_ms)
+        self.reporter.start()
+        logger().info("ready: serving %s in %.3fs", self.ctx.model_id, time.monotonic() - t0)
+
+    def _server_start(self, path: str, artifact: Any) -> None:
+        opts = self.options
+        snapshot = getattr(self.engine, "snapshot", None)
+        self.log.emit(
+            "server_start",
+            pid=os.getpid(),
+            argv=redact_argv(self.argv, opts.api_key),
+            model_id=self.ctx.model_id,
+            artifact={"path": path, "model_id": artifact.model_id, "family": artifact.family},
+            engine={
+                "max_context": opts.max_context,
+                "max_concurrency": opts.max_concurrency,
+                "max_pending_requests": opts.max_pending,
+                "pending_timeout_ms": opts.pending_timeout_ms,
+                "default_max_tokens": opts.default_max_tokens,
+                "snapshot": snapshot() if callable(snapshot) else None,
+            },
+            settings=_settings_dump(self.settings),
+            thinking_defaults={
+                "thinking": opts.thinking_default,
+                "preserve_thinking": opts.preserve_thinking_default,
+            },
+            python=sys.version.split()[0],
+        )
+        for line in (
+            f"model {self.ctx.model_id} from {path}",
+            f"engine max_context={opts.max_context} max_concurrency={opts.max_concurrency} "
+            f"max_pending={opts.max_pending} pending_timeout_ms={opts.pending_timeout_ms}",
+            f"http {opts.host}:{opts.port} threads={opts.threads} auth={'on' if opts.api_key else 'off'} "
+            f"cors={'on' if opts.cors else 'off'} vision={'on' if opts.vision else 'off'}",
+            f"request log {opts.request_log_path or 'disabled'}; tracing {opts.trace_exporter}",
+        ):
+            logger().info(line)
+
+    def begin_drain(self) -> None:
+        """Stop admitting: new generation requests get 503 while in-flight ones finish."""
+        if not self.ctx.draining:
+            self.ctx.draining = True
+            logger().info("draining: no new requests admitted")
+
+    def shutdown(self) -> None:
+        self.begin_drain()
+        if self.reporter is not None:
+            self.reporter.stop()
+        if self.engine is not None and hasattr(self.engine, "shutdown"):
+            self.engine.shutdown(self.options.drain_timeout_s)
+        self.tracing.shutdown()
+        self.log.close()
+
+
+def _settings_dump(settings: Any) -> Any:
+    if hasattr(settings, "model_dump"):
+        dump = settings.model_dump(mode="json")
+        server = dump.get("server")
+        if isinstance(server, dict) and server.get("api_key"):
+            server["api_key"] = "<redacted>"
+        return dump
+    return None
