@@ -1,0 +1,129 @@
+"""The root Settings: the ten groups plus the rules that span groups and the artifact."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ninfer.config.errors import REDACTED, ConfigError
+from ninfer.config.groups import (
+    PAGE_TOKENS,
+    ColdTierSettings,
+    EngineSettings,
+    KVSettings,
+    LoggingSettings,
+    ModelSettings,
+    SamplingSettings,
+    ServerSettings,
+    SpecSettings,
+    TelemetrySettings,
+    VisionSettings,
+)
+
+MOE_FAMILY = "qwen3_5_moe"  # the 35B-A3B family, the only one with a DFlash drafter
+
+
+def _pages(tokens: int) -> int:
+    return -(-tokens // PAGE_TOKENS)
+
+
+class Settings(BaseModel):
+    """Everything the server needs, validated and frozen; ``Settings()`` reads only NINFER_* env."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    kv: KVSettings = Field(default_factory=KVSettings)
+    spec: SpecSettings = Field(default_factory=SpecSettings)
+    vision: VisionSettings = Field(default_factory=VisionSettings)
+    cold_tier: ColdTierSettings = Field(default_factory=ColdTierSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+
+    @model_validator(mode="after")
+    def _cross_group_rules(self) -> Settings:
+        if self.spec.method == "dflash" and self.vision.enabled:
+            raise ConfigError.for_key(
+                "vision.enabled", True, "cannot be combined with spec.method=dflash (DFlash is text-only)"
+            )
+        self._check_kv_capacity()
+        device = self.cold_tier.device
+        if self.cold_tier.enabled and device >= 0 and device == self.engine.device:
+            raise ConfigError.for_key(
+                "cold_tier.device", device, f"must be -1 or a secondary device, not engine.device={device}"
+            )
+        log_path = self.logging.request_log_jsonl
+        artifact = self.model.artifact
+        if log_path and artifact and os.path.realpath(log_path) == os.path.realpath(artifact):
+            raise ConfigError.for_key(
+                "logging.request_log_jsonl", log_path, "must not resolve to model.artifact"
+            )
+        return self
+
+    def _check_kv_capacity(self) -> None:
+        # the pool must hold one full sequence and one page per lane, and no more than all lanes can use
+        capacity = self.kv_capacity_tokens
+        if capacity is None:  # auto: sized by the engine after the weights are loaded
+            return
+        lanes = self.engine.max_concurrency
+        lo = max(self.engine.max_context, PAGE_TOKENS * (lanes - 1) + 1)
+        hi = lanes * _pages(self.engine.max_context) * PAGE_TOKENS
+        if not lo <= capacity <= hi:
+            why = (
+                f"must be an integer in {lo}..{hi} (at least one engine.max_context={self.engine.max_context} "
+                f"sequence and one {PAGE_TOKENS}-token page per lane, at most what "
+                f"engine.max_concurrency={lanes} lanes can use)"
+            )
+            if self.kv.capacity is None:
+                why += "; unset, it follows engine.max_context"
+            raise ConfigError.for_key("kv.capacity", self.kv.capacity, why)
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        """The explicit KV pool size in tokens (engine.max_context when unset); None for auto."""
+        if self.kv.capacity == "auto":
+            return None
+        return self.engine.max_context if self.kv.capacity is None else self.kv.capacity
+
+    def redacted_dump(self) -> dict[str, Any]:
+        """A JSON-ready dict of every setting with the API key replaced by ``<redacted>``."""
+        data = self.model_dump(mode="json")
+        if self.server.api_key is not None:
+            data["server"]["api_key"] = REDACTED
+        return data
+
+
+def check_against_artifact(
+    settings: Settings,
+    family: str,
+    *,
+    has_mtp: bool | None = None,
+    has_vision: bool | None = None,
+    max_position_embeddings: int | None = None,
+) -> None:
+    """Rules that need the opened artifact; the service calls this before allocating anything.
+
+    ``family`` is the text family (``qwen3_5`` dense or ``qwen3_5_moe``); the optional facts are
+    checked only when given. Raises ConfigError naming the setting that the artifact cannot honour.
+    """
+    if settings.spec.method == "dflash" and family != MOE_FAMILY:
+        raise ConfigError.for_key(
+            "spec.method",
+            "dflash",
+            f"needs the 35B-A3B artifact (family {MOE_FAMILY}), this artifact is {family}",
+        )
+    if settings.spec.method == "mtp" and has_mtp is False:
+        raise ConfigError.for_key("spec.method", "mtp", "this artifact carries no MTP head")
+    if settings.vision.enabled and has_vision is False:
+        raise ConfigError.for_key("vision.enabled", True, "this artifact carries no vision tower")
+    if max_position_embeddings is not None and settings.engine.max_context > max_position_embeddings:
+        raise ConfigError.for_key(
+            "engine.max_context",
+            settings.engine.max_context,
+            f"must be an integer in 1..{max_position_embeddings} for this artifact",
+        )
