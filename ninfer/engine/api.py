@@ -25,7 +25,7 @@ ReusePath = Literal[
 class SamplingParams:
     """Per-request sampling fields. `None` means: use the process override, else the preset."""
 
-    max_tokens: int = 16
+    max_tokens: int | None = 16  # None = the engine's default_max_tokens
     temperature: float | None = None  # 0.0 = greedy
     top_p: float | None = None
     top_k: int | None = None
@@ -64,7 +64,9 @@ class RequestStats:
     reuse_path: ReusePath = "none"
     resolved_sampling: dict[str, float | int | None] = field(default_factory=dict)
     seed: int | None = None
-    # phase seconds, full precision (monotonic clock differences)
+    # phase seconds, full precision (monotonic clock differences): queue = submit -> admission,
+    # prefill = admission -> first token, ttft = submit -> first token, decode = first token ->
+    # finish, total = submit -> finish (preparation before submit is the caller's to measure)
     queue_s: float = 0.0
     ttft_s: float = 0.0
     prefill_s: float = 0.0
@@ -84,6 +86,11 @@ class StepOutput:
     stop_string: str | None = None
     stop_token_id: int | None = None
     error: str | None = None
+    # Visible text of this step when the engine has a tokenizer (None otherwise): text that may
+    # still begin a stop string is held back until disambiguated, a matched stop string and
+    # whatever follows it are never included, and stop tokens add no text. The concatenation
+    # of all `text` fields of a request is its exact visible output.
+    text: str | None = None
 
 
 class EngineError(Exception):
@@ -107,6 +114,10 @@ class ContextLengthExceeded(EngineError):
         )
         self.prompt_tokens = prompt_tokens
         self.max_context = max_context
+
+
+class EngineConfigError(EngineError):
+    """The engine settings cannot work (rejected at startup, one clear line)."""
 
 
 class EngineStopped(EngineError):

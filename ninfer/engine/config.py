@@ -1,0 +1,27 @@
+"""The engine's narrow configuration (the composition root fills it from the settings)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ninfer.engine.sampler import SamplingOverrides
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_concurrency: int = 1  # lanes: active requests, each also a retained-prefix residency
+    max_pending: int = 16  # requests allowed beyond the active set (lifetime tickets)
+    pending_timeout_ms: int = 30_000  # reservation -> admission deadline
+    prefill_chunk: int = 1024
+    max_context: int = 8192
+    kv_capacity: int | str | None = None  # tokens, "auto", or None = max_context
+    no_prefix_reuse: bool = False
+    default_max_tokens: int = 8192  # for requests whose max_tokens is None
+    device: str = "cpu"
+    dtype: str = "float32"  # "float32" | "bfloat16"
+    sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
+    # registered sampler presets by thinking mode (None = neutral sampling)
+    thinking_preset: Mapping[str, float | int] | None = None
+    non_thinking_preset: Mapping[str, float | int] | None = None
+    stop_token_ids: tuple[int, ...] | None = None  # None = the model config's eos ids

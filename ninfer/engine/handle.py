@@ -1,0 +1,73 @@
+"""The caller's view of one submitted request: a blocking stream of StepOutputs plus stats."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Iterator
+
+from ninfer.engine.api import EngineError, RequestStats, StepOutput
+from ninfer.engine.tickets import Ticket
+
+
+class RequestHandle:
+    """Read on the caller's thread; the engine thread only puts outputs into it.
+
+    Iterating yields `StepOutput`s until the one with `finish_reason`; an admission failure
+    (`QueueTimeout`, `EngineStopped`) is raised from the iterator instead. `stats` is complete
+    once the final output has been read.
+    """
+
+    def __init__(
+        self, request_id: str, ticket: Ticket, stats: RequestStats, cancel: Callable[[], None]
+    ) -> None:
+        self.request_id = request_id
+        self.ticket = ticket
+        self.stats = stats
+        self._cancel = cancel
+        self._queue: queue.Queue[StepOutput | EngineError] = queue.Queue()
+        self.finished = False
+        self.timeout_s: float | None = None  # per-item wait bound while iterating
+
+    # ----- engine side -----
+    def _put(self, item: StepOutput | EngineError) -> None:
+        self._queue.put(item)
+
+    # ----- caller side -----
+    def get(self, timeout: float | None = None) -> StepOutput:
+        """The next output; raises `queue.Empty` after `timeout` seconds without one."""
+        item = self._queue.get(timeout=timeout)
+        if isinstance(item, EngineError):
+            self.finished = True
+            raise item
+        if item.finish_reason is not None:
+            self.finished = True
+        return item
+
+    def __iter__(self) -> Iterator[StepOutput]:
+        while not self.finished:
+            yield self.get(self.timeout_s)
+
+    def cancel(self) -> None:
+        """Stop generating (client gone, timeout); everything is freed at the next step boundary."""
+        if not self.finished:
+            self._cancel()
+
+    def result(self, timeout: float | None = None) -> tuple[list[int], StepOutput]:
+        """Block until the end: (all committed token ids, the final output)."""
+        tokens: list[int] = []
+        while True:
+            out = self.get(timeout)
+            tokens.extend(out.token_ids)
+            if out.finish_reason is not None:
+                return tokens, out
+
+    def close(self) -> None:
+        """Cancel if still running and release the lifetime ticket (the response is released)."""
+        self.cancel()
+        self.ticket.release()
+
+    def __enter__(self) -> RequestHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,58 @@
+"""Plain data passed from the scheduler to the runner (StepPlan) and back (StepResult)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ninfer.engine.sampler import RowSampler
+
+
+@dataclass(frozen=True)
+class SlotOp:
+    """A GDN state-slot operation run by the runner: copy `src` into `dst`, or zero `dst`."""
+
+    dst: int
+    src: int | None = None  # None = zero the slot
+
+
+@dataclass
+class PrefillPlan:
+    """One chunk of one request's prompt: B = 1, q = len(tokens)."""
+
+    seq_id: int
+    tokens: list[int]  # the chunk's token ids
+    start: int  # tokens already in the cache before the chunk (= first position)
+    slot: int
+    pages: list[int]
+    ops_before: list[SlotOp] = field(default_factory=list)  # restores / resets
+    ops_after: list[SlotOp] = field(default_factory=list)  # checkpoint captures at the chunk end
+    sampler: RowSampler | None = None  # set on the prompt's last chunk: sample the first token
+
+
+@dataclass
+class DecodeRow:
+    seq_id: int
+    token: int  # the last committed token, fed now
+    position: int  # its position (= tokens already in the cache)
+    slot: int
+    pages: list[int]
+    sampler: RowSampler
+
+
+@dataclass
+class DecodePlan:
+    """One decode round: every decode-ready request, compacted, q = 1."""
+
+    rows: list[DecodeRow]
+
+
+StepPlan = PrefillPlan | DecodePlan
+
+
+@dataclass
+class StepResult:
+    """Sampled tokens, one per sampled row, in plan order (empty for a non-final prefill chunk)."""
+
+    seq_ids: list[int]
+    tokens: list[int]
+    seconds: float = 0.0

@@ -1,0 +1,169 @@
+"""Prefix reuse over resident lanes and lane/page admission (CPU bookkeeping only).
+
+A finished request's lane stays resident (KV pages, live GDN slot, checkpoints, token ledger)
+until its pages or lane are needed. A new prompt resumes from the longest valid point:
+
+* append_frontier: the prompt extends the lane's computed ledger; resume from the live slot;
+* restore_response_checkpoint / restore_turn_checkpoint: the prompt diverges after a
+  checkpoint; copy that snapshot into the live slot and keep the KV pages up to it;
+* full_reset: residents exist but none matches; a lane is taken and its slot zeroed.
+
+Recurrent state cannot be rewound, so matching KV tokens alone never authorize a partial hit:
+only the live frontier and the retained snapshots do. At least one prompt token is always
+recomputed (the last prompt token's logits are not stored).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ninfer.engine.api import ReusePath
+from ninfer.engine.pages import PageAllocator, pages_for
+from ninfer.engine.plan import SlotOp
+from ninfer.engine.slots import RESPONSE, TURN, Lane
+
+_RESTORE_PATH: dict[str, ReusePath] = {
+    TURN: "restore_turn_checkpoint",
+    RESPONSE: "restore_response_checkpoint",
+}
+
+
+@dataclass(frozen=True)
+class ReuseMatch:
+    lane: Lane
+    cached: int  # prompt tokens reused
+    path: ReusePath
+    restore: str | None  # checkpoint kind restored, None for append_frontier
+
+
+@dataclass
+class Admission:
+    """A lane and pages granted to a request; `ops` prepare the live slot before prefill."""
+
+    lane: Lane
+    cached: int
+    path: ReusePath
+    ops: list[SlotOp] = field(default_factory=list)
+    evicted: int = 0  # residents dropped to make room
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if list(a[lo:mid]) == list(b[lo:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def match_lane(lane: Lane, prompt: Sequence[int]) -> ReuseMatch | None:
+    """The best resume point of `prompt` on one resident lane, or None."""
+    if lane.computed == 0:
+        return None
+    n = _lcp(lane.tokens[: lane.computed], prompt[: lane.computed])
+    best: ReuseMatch | None = None
+    if n == lane.computed and len(prompt) > n:
+        best = ReuseMatch(lane, n, "append_frontier", None)
+    for kind, pos in lane.checkpoints.items():
+        if 0 < pos <= n and pos < len(prompt) and (best is None or pos > best.cached):
+            best = ReuseMatch(lane, pos, _RESTORE_PATH[kind], kind)
+    return best
+
+
+class PrefixCache:
+    """Owns the lanes and the page allocator; decides where an admitted request runs."""
+
+    def __init__(self, lanes: list[Lane], allocator: PageAllocator, enabled: bool) -> None:
+        self.lanes = lanes
+        self.allocator = allocator
+        self.enabled = enabled
+        self._tick = 0
+
+    # ----- queries -----
+    def residents(self) -> list[Lane]:
+        return [ln for ln in self.lanes if ln.resident]
+
+    def idle_lanes(self) -> list[Lane]:
+        return [ln for ln in self.lanes if ln.active is None]
+
+    def best_match(self, prompt: Sequence[int]) -> ReuseMatch | None:
+        if not self.enabled:
+            return None
+        best: ReuseMatch | None = None
+        for lane in self.residents():
+            m = match_lane(lane, prompt)
+            if m is not None and (
+                best is None
+                or m.cached > best.cached
+                or (m.cached == best.cached and lane.last_used > best.lane.last_used)
+            ):
+                best = m
+        return best
+
+    # ----- admission -----
+    def admit(self, seq_id: int, prompt: Sequence[int], need_pages: int) -> Admission | None:
+        """Grant a lane plus `need_pages` pages in total, or None (nothing is changed)."""
+        idle = self.idle_lanes()
+        if not idle:
+            return None
+        match = self.best_match(prompt)
+        if match is not None:
+            lane = match.lane
+        else:
+            empty = [ln for ln in idle if not ln.resident]
+            lane = empty[0] if empty else min(idle, key=lambda ln: ln.last_used)
+        kept = min(len(lane.pages), need_pages) if match is not None else 0
+        others = sorted((ln for ln in self.residents() if ln is not lane), key=lambda ln: ln.last_used)
+        reclaimable = len(lane.pages) + sum(len(ln.pages) for ln in others)
+        if self.allocator.free_count + reclaimable < need_pages:
+            return None
+        had_resident = self.enabled and (lane.resident or bool(others))
+        # The chosen lane's pages beyond what the request keeps go back first.
+        self.allocator.free(lane.pages[kept:])
+        lane.pages = lane.pages[:kept]
+        evicted = 0
+        for victim in others:  # least recently used first
+            if self.allocator.free_count + kept >= need_pages:
+                break
+            self.allocator.free(victim.clear())
+            evicted += 1
+        ops: list[SlotOp] = []
+        if match is None:
+            lane.clear()
+            ops.append(SlotOp(dst=lane.live_slot))
+            path: ReusePath = "full_reset" if had_resident else "none"
+            cached = 0
+        else:
+            cached = match.cached
+            path = match.path
+            if match.restore is not None:
+                ops.append(SlotOp(dst=lane.live_slot, src=lane.checkpoint_slots[match.restore]))
+            # Checkpoints past the resume point describe a different continuation.
+            lane.checkpoints = {k: p for k, p in lane.checkpoints.items() if p <= cached}
+            lane.tokens = lane.tokens[:cached]
+            lane.computed = cached
+        lane.pages.extend(self.allocator.alloc(need_pages - len(lane.pages)))
+        lane.active = seq_id
+        self._tick += 1
+        lane.last_used = self._tick
+        return Admission(lane=lane, cached=cached, path=path, ops=ops, evicted=evicted)
+
+    def release(self, lane: Lane, keep: bool) -> None:
+        """The lane's request ended: keep it resident (trimmed to its ledger) or clear it."""
+        lane.active = None
+        self._tick += 1
+        lane.last_used = self._tick
+        if keep and self.enabled and lane.computed > 0:
+            need = pages_for(lane.computed)
+            extra = lane.pages[need:]
+            lane.pages = lane.pages[:need]
+            self.allocator.free(extra)
+        else:
+            self.allocator.free(lane.clear())

@@ -1,0 +1,144 @@
+"""Per-request sampling: parameter resolution, penalties, top-k/top-p/min-p, seeded generators."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ninfer.engine.api import SamplingParams
+
+KNOBS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
+# Used for knobs neither the preset, the process nor the request sets: plain softmax sampling.
+NEUTRAL: dict[str, float | int] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+_SEED_RNG = random.SystemRandom()
+
+
+@dataclass(frozen=True)
+class SamplingOverrides:
+    """Process-level settings (`sampling.*`): each set field overrides the registered preset."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None  # fixed seed for requests that omit one
+    greedy: bool = False  # force temperature 0 for every request
+
+
+@dataclass(frozen=True)
+class ResolvedSampling:
+    temperature: float
+    top_p: float
+    top_k: int  # 0 = off
+    min_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    seed: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def resolve_sampling(
+    params: SamplingParams, preset: Mapping[str, float | int] | None, overrides: SamplingOverrides
+) -> ResolvedSampling:
+    """preset (for the thinking mode) < process overrides < request fields < greedy."""
+    preset = dict(preset or {})
+    if preset.pop("repetition_penalty", 1.0) != 1.0:
+        raise ValueError("repetition_penalty is not supported; only its neutral value 1.0 is accepted")
+    unknown = set(preset) - set(KNOBS)
+    if unknown:
+        raise ValueError(f"unknown sampler preset keys {sorted(unknown)}; known: {KNOBS}")
+    values: dict[str, float | int] = {}
+    for name in KNOBS:
+        v = getattr(params, name)
+        if v is None:
+            v = getattr(overrides, name)
+        if v is None:
+            v = preset.get(name, NEUTRAL[name])
+        values[name] = v
+    if overrides.greedy:
+        values["temperature"] = 0.0
+    seed = params.seed if params.seed is not None else overrides.seed
+    if seed is None:
+        seed = _SEED_RNG.randrange(2**63)
+    top_k = int(values["top_k"])
+    out = ResolvedSampling(
+        temperature=float(values["temperature"]),
+        top_p=float(values["top_p"]),
+        top_k=0 if top_k < 0 else top_k,
+        min_p=float(values["min_p"]),
+        presence_penalty=float(values["presence_penalty"]),
+        frequency_penalty=float(values["frequency_penalty"]),
+        seed=int(seed),
+    )
+    _validate(out)
+    return out
+
+
+def _validate(s: ResolvedSampling) -> None:
+    if not s.temperature >= 0.0:
+        raise ValueError(f"temperature must be >= 0, got {s.temperature}")
+    if not 0.0 < s.top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {s.top_p}")
+    if not 0.0 <= s.min_p <= 1.0:
+        raise ValueError(f"min_p must be in [0, 1], got {s.min_p}")
+    if s.seed < 0:
+        raise ValueError(f"seed must be nonnegative, got {s.seed}")
+
+
+class RowSampler:
+    """Sampling state of one request: its own generator, so batch composition never matters."""
+
+    def __init__(self, params: ResolvedSampling, device: torch.device | str = "cpu") -> None:
+        self.params = params
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(params.seed)
+        self.counts: dict[int, int] = {}  # generated token id -> occurrences (for penalties)
+
+    def observe(self, token: int) -> None:
+        self.counts[token] = self.counts.get(token, 0) + 1
+
+    def sample(self, logits: torch.Tensor) -> int:
+        """logits: [V] float32 of one row; returns the chosen token id."""
+        p = self.params
+        if self.counts and (p.presence_penalty or p.frequency_penalty):
+            # OpenAI semantics: mu[j] -= c[j] * frequency + (c[j] > 0) * presence.
+            ids = torch.tensor(list(self.counts), device=logits.device)
+            cnt = torch.tensor(list(self.counts.values()), device=logits.device, dtype=logits.dtype)
+            logits = logits.clone()
+            logits[ids] -= cnt * p.frequency_penalty + p.presence_penalty
+        if p.temperature == 0.0:
+            return int(torch.argmax(logits).item())
+        logits = logits / p.temperature
+        # Same order as Hugging Face generation: top-k, top-p, min-p.
+        if 0 < p.top_k < logits.numel():
+            kth = torch.topk(logits, p.top_k).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if p.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            cum = torch.cumsum(sorted_p, dim=-1)
+            drop_sorted = (cum - sorted_p) >= p.top_p  # keep the smallest set reaching top_p
+            drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+            probs = probs.masked_fill(drop, 0.0)
+        if p.min_p > 0.0:
+            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+        return int(torch.multinomial(probs, 1, generator=self.generator).item())
+
+
+def sample_rows(logits: torch.Tensor, samplers: list[RowSampler]) -> list[int]:
+    """logits: [B, V] float32; row i is sampled by samplers[i] alone."""
+    return [s.sample(logits[i]) for i, s in enumerate(samplers)]

@@ -1,0 +1,224 @@
+"""CPU-side scheduling: FIFO admission by page entitlement, prefill chunking, decode batches."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ninfer.engine.api import GenerationRequest, RequestStats
+from ninfer.engine.pages import pages_for
+from ninfer.engine.plan import DecodePlan, DecodeRow, PrefillPlan, SlotOp, StepPlan
+from ninfer.engine.prefix_cache import PrefixCache
+from ninfer.engine.sampler import RowSampler
+from ninfer.engine.slots import RESPONSE, TURN, Lane
+from ninfer.engine.stops import StopChecker
+from ninfer.engine.tickets import Ticket
+
+WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
+
+
+@dataclass(eq=False)
+class Seq:
+    """One submitted request's runtime state (owned by the engine thread after submission)."""
+
+    id: int
+    request: GenerationRequest
+    ticket: Ticket
+    entitlement: int  # output tokens allowed: min(max_tokens, max_context - prompt)
+    sampler: RowSampler
+    stops: StopChecker
+    stats: RequestStats
+    t_submit: float
+    phase: str = WAITING
+    lane: Lane | None = None
+    prefill_pos: int = 0  # prompt tokens in the cache
+    generated: list[int] = field(default_factory=list)
+    captures: dict[int, list[str]] = field(default_factory=dict)  # position -> checkpoint kinds
+    pending_ops: list[SlotOp] = field(default_factory=list)  # slot ops before the first chunk
+    t_admit: float = 0.0
+    t_first: float = 0.0
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self.request.prompt_ids
+
+    @property
+    def need_pages(self) -> int:
+        return pages_for(len(self.prompt) + self.entitlement)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    running: int
+    prefilling: int
+    decode_ready: int
+    waiting: int
+    free_pages: int
+    total_pages: int
+    idle_lanes: int
+    resident_lanes: int
+
+
+class Scheduler:
+    """Waiting queue, active set and step planning. Used only by the engine thread."""
+
+    def __init__(self, cache: PrefixCache, max_concurrency: int, prefill_chunk: int) -> None:
+        self.cache = cache
+        self.max_concurrency = max_concurrency
+        self.prefill_chunk = prefill_chunk
+        self.waiting: deque[Seq] = deque()
+        self.active: list[Seq] = []  # admission order
+        self._prefer_prefill = True
+
+    # ----- queue -----
+    def enqueue(self, seq: Seq) -> None:
+        self.waiting.append(seq)
+
+    def expire(self, now: float) -> list[Seq]:
+        """Remove and return waiting requests whose admission deadline has passed."""
+        late = [s for s in self.waiting if s.ticket.deadline <= now]
+        for s in late:
+            self.waiting.remove(s)
+        return late
+
+    def admit(self, now: float) -> list[Seq]:
+        """Admit waiting requests in FIFO order while the head fits; never skip the head."""
+        admitted: list[Seq] = []
+        while self.waiting and len(self.active) < self.max_concurrency:
+            seq = self.waiting[0]
+            adm = self.cache.admit(seq.id, seq.prompt, seq.need_pages)
+            if adm is None:
+                break
+            self.waiting.popleft()
+            seq.lane = adm.lane
+            seq.phase = PREFILL
+            seq.prefill_pos = adm.cached
+            seq.pending_ops = list(adm.ops)
+            seq.stats.cached_tokens = adm.cached
+            seq.stats.reuse_path = adm.path
+            seq.t_admit = now
+            adm.lane.tokens = list(seq.prompt[: adm.cached])
+            self._plan_captures(seq)
+            self.active.append(seq)
+            admitted.append(seq)
+        return admitted
+
+    def _plan_captures(self, seq: Seq) -> None:
+        if not self.cache.enabled or seq.lane is None:
+            return
+        lane = seq.lane
+        wanted = ((TURN, seq.request.turn_checkpoint), (RESPONSE, seq.request.response_checkpoint))
+        for kind, pos in wanted:
+            if pos is None or pos <= 0 or pos > len(seq.prompt):
+                continue
+            if pos < seq.prefill_pos:
+                continue  # behind the reuse frontier with no snapshot there: defer
+            if pos == seq.prefill_pos:  # the resume point itself: snapshot before prefill
+                seq.pending_ops.append(SlotOp(dst=lane.checkpoint_slots[kind], src=lane.live_slot))
+                lane.checkpoints[kind] = pos
+            else:
+                seq.captures.setdefault(pos, []).append(kind)
+
+    # ----- planning -----
+    def decode_ready(self) -> list[Seq]:
+        return [s for s in self.active if s.phase == DECODE]
+
+    def prefilling(self) -> list[Seq]:
+        return [s for s in self.active if s.phase == PREFILL]
+
+    def next_plan(self) -> StepPlan | None:
+        """Alternate one prefill chunk and one decode round while both kinds of work exist."""
+        pre = self.prefilling()
+        dec = self.decode_ready()
+        if pre and (self._prefer_prefill or not dec):
+            self._prefer_prefill = False
+            return self._prefill_plan(pre[0])
+        if dec:
+            self._prefer_prefill = True
+            return DecodePlan(rows=[self._decode_row(s) for s in dec])
+        return None
+
+    def _prefill_plan(self, seq: Seq) -> PrefillPlan:
+        assert seq.lane is not None
+        lane = seq.lane
+        start = seq.prefill_pos
+        end = min(len(seq.prompt), start + self.prefill_chunk)
+        cuts = [p for p in seq.captures if start < p < end]
+        if cuts:
+            end = min(cuts)
+        ops_after = [
+            SlotOp(dst=lane.checkpoint_slots[k], src=lane.live_slot) for k in seq.captures.get(end, [])
+        ]
+        ops_before, seq.pending_ops = seq.pending_ops, []
+        return PrefillPlan(
+            seq_id=seq.id,
+            tokens=list(seq.prompt[start:end]),
+            start=start,
+            slot=lane.live_slot,
+            pages=lane.pages,
+            ops_before=ops_before,
+            ops_after=ops_after,
+            sampler=seq.sampler if end == len(seq.prompt) else None,
+        )
+
+    def _decode_row(self, seq: Seq) -> DecodeRow:
+        assert seq.lane is not None
+        lane = seq.lane
+        return DecodeRow(
+            seq_id=seq.id,
+            token=lane.tokens[lane.computed],
+            position=lane.computed,
+            slot=lane.live_slot,
+            pages=lane.pages,
+            sampler=seq.sampler,
+        )
+
+    # ----- applying results -----
+    def prefill_done(self, seq: Seq, plan: PrefillPlan) -> None:
+        """Record a finished chunk: the lane's computed frontier and captured checkpoints."""
+        assert seq.lane is not None
+        lane = seq.lane
+        end = plan.start + len(plan.tokens)
+        lane.tokens.extend(plan.tokens)
+        lane.computed = end
+        seq.prefill_pos = end
+        for kind in seq.captures.pop(end, []):
+            lane.checkpoints[kind] = end
+        if end == len(seq.prompt):
+            seq.phase = DECODE
+
+    def decode_fed(self, seq: Seq) -> None:
+        """The pending token of a decode row went through the model."""
+        assert seq.lane is not None
+        seq.lane.computed += 1
+
+    def commit(self, seq: Seq, token: int) -> None:
+        """Append a sampled token to the request's output and its lane ledger."""
+        assert seq.lane is not None
+        seq.generated.append(token)
+        seq.lane.tokens.append(token)
+        seq.sampler.observe(token)
+
+    def finish(self, seq: Seq, keep: bool) -> None:
+        """Remove a request (finished, cancelled or failed) from the queue or active set."""
+        if seq.phase == WAITING:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+        elif seq in self.active:
+            self.active.remove(seq)
+            assert seq.lane is not None
+            self.cache.release(seq.lane, keep=keep)
+        seq.phase = DONE
+
+    def snapshot(self) -> Snapshot:
+        alloc = self.cache.allocator
+        return Snapshot(
+            running=len(self.active),
+            prefilling=len(self.prefilling()),
+            decode_ready=len(self.decode_ready()),
+            waiting=len(self.waiting),
+            free_pages=alloc.free_count,
+            total_pages=alloc.num_pages,
+            idle_lanes=sum(1 for ln in self.cache.lanes if ln.active is None and not ln.resident),
+            resident_lanes=len(self.cache.residents()),
+        )

@@ -1,0 +1,137 @@
+"""KV pool sizing and the startup memory ledger (weights, KV, states, workspace, headroom)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ninfer.engine.api import EngineConfigError
+from ninfer.engine.pages import PAGE, pages_for
+from ninfer.model.config import TextConfig
+
+GIB = 1 << 30
+AUTO_HEADROOM = GIB  # kept free by `kv_capacity=auto`
+
+
+def page_bytes(cfg: TextConfig, dtype: torch.dtype) -> int:
+    """Bytes of one 64-token page across every full-attention layer (K and V)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return len(cfg.attention_layers) * 2 * PAGE * cfg.num_key_value_heads * cfg.head_dim * elem
+
+
+def slot_bytes(cfg: TextConfig, dtype: torch.dtype) -> int:
+    """Bytes of one GDN state slot across every linear-attention layer (conv in dtype, ssm fp32)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    conv = cfg.conv_dim * (cfg.linear_conv_kernel_dim - 1) * elem
+    ssm = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    return len(cfg.linear_layers) * (conv + ssm)
+
+
+def workspace_bytes(cfg: TextConfig, prefill_chunk: int, max_concurrency: int) -> int:
+    """Planning estimate of transient activations: one prefill chunk's widest intermediates
+    (FFN / GDN projections, fp32 upper bound) plus the float32 logits of a full decode batch."""
+    width = max(
+        cfg.hidden_size,
+        cfg.intermediate_size or 0,
+        (cfg.moe_intermediate_size or 0) * (cfg.num_experts_per_tok or 0),
+        cfg.conv_dim + cfg.value_dim,
+    )
+    return prefill_chunk * width * 4 * 6 + max(max_concurrency, 1) * cfg.vocab_size * 4 * 2
+
+
+@dataclass(frozen=True)
+class SizingLedger:
+    policy: str  # "explicit" | "auto" | "max_context"
+    kv_capacity: int  # tokens (a whole number of pages)
+    num_pages: int
+    page_bytes: int
+    kv_bytes: int
+    state_slots: int
+    state_bytes: int
+    weights_bytes: int
+    workspace_bytes: int
+    headroom_bytes: int
+    free_after_weights: int | None  # device bytes free after loading weights (GPU only)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def check_capacity(kv_capacity: int, max_context: int, max_concurrency: int) -> None:
+    """The startup rejections of the contract, each one clear line."""
+    pages = pages_for(kv_capacity)
+    if kv_capacity < max_context:
+        raise EngineConfigError(
+            f"kv_capacity={kv_capacity} tokens is smaller than one sequence (max_context={max_context})"
+        )
+    if pages < max_concurrency:
+        raise EngineConfigError(
+            f"kv_capacity={kv_capacity} tokens gives {pages} pages, fewer than one page per lane "
+            f"(max_concurrency={max_concurrency})"
+        )
+    most = max_concurrency * pages_for(max_context)
+    if pages > most:
+        raise EngineConfigError(
+            f"kv_capacity={kv_capacity} tokens ({pages} pages) is larger than all lanes could use: "
+            f"max_concurrency={max_concurrency} x max_context={max_context} = {most} pages"
+        )
+
+
+def resolve_kv(
+    cfg: TextConfig,
+    kv_capacity: int | str | None,
+    max_context: int,
+    max_concurrency: int,
+    prefill_chunk: int,
+    num_slots: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    weights_bytes: int,
+) -> SizingLedger:
+    """Resolve `kv_capacity` (tokens, "auto", or None = max_context) and validate it."""
+    if max_context <= 0:
+        raise EngineConfigError(f"max_context must be positive, got {max_context}")
+    if not 1 <= max_concurrency <= 8:
+        raise EngineConfigError(f"max_concurrency must be in 1..8, got {max_concurrency}")
+    pb, sb = page_bytes(cfg, dtype), slot_bytes(cfg, dtype)
+    ws = workspace_bytes(cfg, prefill_chunk, max_concurrency)
+    free: int | None = None
+    headroom = 0
+    if kv_capacity is None:
+        policy, cap = "max_context", max_context
+    elif kv_capacity == "auto":
+        policy = "auto"
+        largest = max_concurrency * pages_for(max_context)
+        if device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(device)
+            headroom = AUTO_HEADROOM
+            budget = free - num_slots * sb - ws - headroom
+            pages = min(largest, max(budget, 0) // pb)
+            cap = pages * PAGE
+            if cap < max_context:
+                raise EngineConfigError(
+                    f"kv_capacity=auto: {free / GIB:.2f} GiB free after weights leaves room for "
+                    f"{cap} tokens, less than one sequence (max_context={max_context})"
+                )
+        else:
+            cap = max_context  # no device memory to maximize into: one full-length sequence
+    elif isinstance(kv_capacity, int) and not isinstance(kv_capacity, bool):
+        policy, cap = "explicit", kv_capacity
+    else:
+        raise EngineConfigError(f"kv_capacity must be a token count, 'auto' or unset, got {kv_capacity!r}")
+    check_capacity(cap, max_context, max_concurrency)
+    pages = pages_for(cap)
+    return SizingLedger(
+        policy=policy,
+        kv_capacity=pages * PAGE,
+        num_pages=pages,
+        page_bytes=pb,
+        kv_bytes=pages * pb,
+        state_slots=num_slots,
+        state_bytes=num_slots * sb,
+        weights_bytes=weights_bytes,
+        workspace_bytes=ws,
+        headroom_bytes=headroom,
+        free_after_weights=free,
+    )
