@@ -144,6 +144,7 @@ class ServerSettings(BaseSettings):
     max_request_mib: Int = Field(384, ge=1)
     response_store_max_records: Int = Field(1024, ge=1)
     response_store_max_mib: Int = Field(256, ge=1)
+    drain_timeout_s: Float = Field(30.0, ge=0.0, allow_inf_nan=False)  # graceful-shutdown wait
 
 
 class SamplingSettings(BaseSettings):

@@ -107,7 +107,8 @@ def _message(exc: ConfigError, ns: argparse.Namespace) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, validate the settings, then serve (or print them with --check-config)."""
     parser = build_parser()
-    ns = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    args = sys.argv[1:] if argv is None else list(argv)
+    ns = parser.parse_args(args)
     from ninfer.config.loader import load_settings
 
     try:
@@ -120,9 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         from ninfer.service.app_main import serve
-    except (
-        ImportError
-    ) as exc:  # the module or its serve() is missing; a missing dependency inside still raises
+    except ImportError as exc:
+        # only the server module or its serve() being absent is reported; a missing dependency raises
         if exc.name != "ninfer.service.app_main":
             raise
         print(
@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_UNAVAILABLE
-    serve(settings)
+    serve(settings, [PROG, *args])
     return 0
 
 
