@@ -7,13 +7,14 @@ then ``NINFER_<GROUP>_<KEY>`` environment variables, then explicit ``group.key=v
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic_settings import EnvSettingsSource
+from pydantic_settings import BaseSettings, EnvSettingsSource
 
 from ninfer.config.errors import ConfigError, from_validation_error
 from ninfer.config.groups import GROUPS
@@ -64,6 +65,8 @@ def explicit_keys(overrides: Sequence[str]) -> set[str]:
                 raise ConfigError.for_key(
                     name, value, f"unknown key (valid groups: {', '.join(GROUPS)}, preset)"
                 )
+            if name == "preset" and not (ov.is_add() or ov.is_force_add() or ov.is_delete()):
+                raise ConfigError.for_key(name, value, f"select a preset with +preset={value}")
             choices = group_options(name)
             if not ov.is_delete() and value not in choices:
                 raise ConfigError.for_key(name, value, f"unknown {name} (valid: {', '.join(choices)})")
@@ -78,6 +81,16 @@ def explicit_keys(overrides: Sequence[str]) -> set[str]:
         if not ov.is_delete():
             keys.add(name)
     return keys
+
+
+def _reject_unknown_env(group: str, model: type[BaseSettings], prefix: str) -> None:
+    """A misspelt NINFER_<GROUP>_<KEY> variable fails instead of being silently ignored."""
+    for env_name in os.environ:
+        upper = env_name.upper()
+        if upper.startswith(prefix) and upper[len(prefix) :].lower() not in model.model_fields:
+            valid = ", ".join(model.model_fields)
+            # the value is not shown: the variable may be a misspelt secret
+            raise ConfigError(f"{env_name}: unknown environment setting (valid keys of {group}: {valid})")
 
 
 def settings_from_tree(tree: dict[str, Any], explicit: set[str] = frozenset()) -> Settings:  # type: ignore[assignment]
@@ -97,6 +110,7 @@ def settings_from_tree(tree: dict[str, Any], explicit: set[str] = frozenset()) -
         sources: dict[str, str] = {}
         env = EnvSettingsSource(model)()
         prefix = model.model_config.get("env_prefix", "")
+        _reject_unknown_env(name, model, prefix)
         for field, env_value in env.items():
             key = f"{name}.{field}"
             if key not in explicit:

@@ -70,6 +70,7 @@ def test_unknown_keys_and_presets_are_one_line() -> None:
         "preset=nope: unknown preset (valid: demo, qwen27b, qwen27b_mtp, qwen35b_dflash, qwen35b_mtp, qwen38_27b_mtp)"
     )
     assert error_of(["engine.max_context"]).startswith("invalid override: ")
+    assert error_of(["preset=demo"]) == "preset=demo: select a preset with +preset=demo"
 
 
 def test_cross_field_rules() -> None:
@@ -149,6 +150,18 @@ def test_env_overrides_yaml_and_explicit_overrides_win(monkeypatch: pytest.Monke
         == "engine.max_concurrency=9 (from NINFER_ENGINE_MAX_CONCURRENCY): must be an integer in 1..8"
     )
     assert load_settings(["engine.max_concurrency=3"]).engine.max_concurrency == 3
+
+
+def test_misspelt_env_variable_is_rejected_without_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NINFER_SERVER_API_KEX", "hidden-value")
+    text = error_of([])
+    assert text.startswith(
+        "NINFER_SERVER_API_KEX: unknown environment setting (valid keys of server: host, port, "
+    )
+    assert "hidden-value" not in text
+    monkeypatch.delenv("NINFER_SERVER_API_KEX")
+    monkeypatch.setenv("NINFER_CACHE_DIR", "/tmp/elsewhere")  # not a settings group: left alone
+    assert load_settings().engine.max_concurrency == 1
 
 
 def test_cached_composition_matches_hydra() -> None:
