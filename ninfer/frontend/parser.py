@@ -250,10 +250,11 @@ class OutputParser:
                 self._buf = buf[end + len(CALL_END) :]
                 return True
             if nested >= 0:  # a new block opens before this one closed: this one is text
-                self._text(events, self._sep + CALL_START + buf[:nested])
-                self._sep = ""
-                self._buf = buf[nested:]
-                self._state = "text"
+                malformed = self._sep + CALL_START + buf[:nested]
+                space = _trailing_space(malformed)
+                self._text(events, malformed[: len(malformed) - space])
+                self._sep = malformed[len(malformed) - space :]
+                self._buf = buf[nested + len(CALL_START) :]
                 return True
             return False
         # after_call: whitespace is a separator; a new block, or text (with its whitespace)
