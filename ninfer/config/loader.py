@@ -10,6 +10,7 @@ import functools
 import os
 import threading
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,7 @@ def _reject_unknown_env(group: str, model: type[BaseSettings], prefix: str) -> N
             raise ConfigError(f"{env_name}: unknown environment setting (valid keys of {group}: {valid})")
 
 
-def settings_from_tree(tree: dict[str, Any], explicit: set[str] = frozenset()) -> Settings:  # type: ignore[assignment]
+def settings_from_tree(tree: dict[str, Any], explicit: AbstractSet[str] = frozenset()) -> Settings:
     """Settings from a composed config tree; NINFER_* env replaces every value not in ``explicit``."""
     tree = dict(tree)
     tree.pop("hydra", None)
