@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors import safe_open
+from typing import TYPE_CHECKING, Any
 
 from ninfer.artifact.errors import ArtifactError
 from ninfer.artifact.files import TensorInfo, read_header, sha256_file
 from ninfer.artifact.manifest import MANIFEST, Manifest, read_manifest
 from ninfer.artifact.shapes import expected_shapes
 from ninfer.model.config import TextConfig, UnknownArchitectureError
+
+if TYPE_CHECKING:  # torch is imported only when weights are loaded (inspect/verify stay light)
+    import torch
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer/tokenizer.json"
@@ -99,6 +99,9 @@ class Artifact:
 
     def load_tensors(self, component: str, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
         """All tensors of a component, by canonical name; on CPU they are mmap-backed views (no copy)."""
+        import torch
+        from safetensors import safe_open
+
         out: dict[str, torch.Tensor] = {}
         for rel in self._component(component):
             with safe_open(str(self.path / rel), framework="pt", device="cpu") as f:
