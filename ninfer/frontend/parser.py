@@ -6,7 +6,7 @@ Conventions (they mirror the template's history form ``<think>\\n{reasoning}\\n<
   reasoning channel and stays there until ``</think>``. One ``\\n`` directly before ``</think>``
   and up to two ``\\n`` directly after it are markup and dropped. Output that never closes the
   think block is all reasoning. A ``<tool_call>`` inside reasoning is reasoning text (it is
-  not executed and not lost).
+  not executed and not lost); so is a ``<think>`` the model writes itself.
 * With thinking off, output is content from the first byte.
 * With tools, ``<tool_call>...</tool_call>`` blocks in content become structured calls; the
   whole block is held until its closing tag, then `ToolCallStart`, one
