@@ -7,7 +7,8 @@ FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    NINFER_CACHE_DIR=/var/cache/ninfer
+    NINFER_CACHE_DIR=/var/cache/ninfer \
+    NINFER_CONF_DIR=/opt/ninfer/conf
 
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv python3-pip curl \

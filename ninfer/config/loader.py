@@ -27,13 +27,23 @@ _LOCK = threading.Lock()  # Hydra's global state is per process
 
 
 def conf_dir() -> Path:
-    """The absolute path of the repository's ``conf/`` tree (an editable or source checkout)."""
-    path = _PACKAGE_ROOT / "conf"
-    if not (path / f"{CONFIG_NAME}.yaml").is_file():
-        raise ConfigError(
-            f"conf/: {path / CONFIG_NAME}.yaml not found (install ninfer from a checkout, editable)"
-        )
-    return path
+    """The absolute path of the ``conf/`` tree.
+
+    Looked up in order: ``$NINFER_CONF_DIR``; the checkout holding the package (source or
+    editable install); ``./conf`` in the working directory (a deployment that copies conf/
+    beside a regular install, as the Dockerfile does).
+    """
+    candidates = []
+    if os.environ.get("NINFER_CONF_DIR"):
+        candidates.append(Path(os.environ["NINFER_CONF_DIR"]))
+    candidates += [_PACKAGE_ROOT / "conf", Path.cwd() / "conf"]
+    for path in candidates:
+        if (path / f"{CONFIG_NAME}.yaml").is_file():
+            return path.resolve()
+    raise ConfigError(
+        f"conf/: {CONFIG_NAME}.yaml not found in {', '.join(str(c) for c in candidates)} "
+        "(set NINFER_CONF_DIR or run from a checkout)"
+    )
 
 
 def group_options(group: str) -> list[str]:
