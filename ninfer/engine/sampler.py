@@ -111,19 +111,22 @@ class RowSampler:
     def observe(self, token: int) -> None:
         self.counts[token] = self.counts.get(token, 0) + 1
 
-    def sample(self, logits: torch.Tensor) -> int:
-        """logits: [V] float32 of one row; returns the chosen token id."""
+    def adjust(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits: [V] float32 -> the penalized logits (OpenAI semantics over generated tokens):
+        mu[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty."""
         p = self.params
         if self.counts and (p.presence_penalty or p.frequency_penalty):
-            # OpenAI semantics: mu[j] -= c[j] * frequency + (c[j] > 0) * presence.
             ids = torch.tensor(list(self.counts), device=logits.device)
             cnt = torch.tensor(list(self.counts.values()), device=logits.device, dtype=logits.dtype)
             logits = logits.clone()
             logits[ids] -= cnt * p.frequency_penalty + p.presence_penalty
-        if p.temperature == 0.0:
-            return int(torch.argmax(logits).item())
+        return logits
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits: [V] float32 (penalized) -> the (unnormalized) sampling distribution [V]."""
+        p = self.params
         logits = logits / p.temperature
-        # Same order as Hugging Face generation: top-k, top-p, min-p.
+        # Same order as Hugging Face generation: temperature, top-k, top-p, min-p.
         if 0 < p.top_k < logits.numel():
             kth = torch.topk(logits, p.top_k).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -131,12 +134,19 @@ class RowSampler:
         if p.top_p < 1.0:
             sorted_p, order = torch.sort(probs, descending=True)
             cum = torch.cumsum(sorted_p, dim=-1)
-            drop_sorted = (cum - sorted_p) >= p.top_p  # keep the smallest set reaching top_p
+            drop_sorted = (cum - sorted_p) >= p.top_p  # keep the smallest prefix reaching top_p
             drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
             probs = probs.masked_fill(drop, 0.0)
         if p.min_p > 0.0:
             probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-        return int(torch.multinomial(probs, 1, generator=self.generator).item())
+        return probs
+
+    def sample(self, logits: torch.Tensor) -> int:
+        """logits: [V] float32 of one row; returns the chosen token id."""
+        logits = self.adjust(logits)
+        if self.params.temperature == 0.0:
+            return int(torch.argmax(logits).item())
+        return int(torch.multinomial(self.probs(logits), 1, generator=self.generator).item())
 
 
 def sample_rows(logits: torch.Tensor, samplers: list[RowSampler]) -> list[int]:

@@ -1,0 +1,159 @@
+"""Engine behaviour: batch invariance, entitlement + FIFO admission, overload, timeouts, cancel."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ninfer.engine.api import (
+    ContextLengthExceeded,
+    EngineOverloaded,
+    EngineStopped,
+    GenerationRequest,
+    QueueTimeout,
+    SamplingParams,
+)
+from tests.engine.tiny import make_engine
+
+PROMPT_LENS = (5, 130, 17, 64, 3, 90, 41, 200)
+
+
+def _prompt(n: int, salt: int) -> tuple[int, ...]:
+    return tuple((i * 37 + salt * 101 + 11) % 500 + 1 for i in range(n))
+
+
+def _req(name: str, prompt, **params) -> GenerationRequest:
+    return GenerationRequest(name, tuple(prompt), SamplingParams(**params))
+
+
+def _run(engine, req: GenerationRequest, timeout: float = 120.0):
+    h = engine.submit(engine.reserve(), req)
+    tokens, last = h.result(timeout)
+    h.close()
+    return tokens, last, h.stats
+
+
+@pytest.mark.parametrize("params", [{"temperature": 0.0}, {"temperature": 1.0, "top_p": 0.9}])
+def test_batch_invariance(small_model, params) -> None:
+    reqs = [
+        _req(f"r{i}", _prompt(n, i), max_tokens=6, seed=1000 + i, ignore_eos=True, **params)
+        for i, n in enumerate(PROMPT_LENS)
+    ]
+    alone_eng = make_engine(small_model, no_prefix_reuse=True, max_concurrency=1)
+    alone = [_run(alone_eng, r)[0] for r in reqs]
+    alone_eng.shutdown(5)
+    eng = make_engine(small_model, max_concurrency=8, kv_capacity=8 * 256)
+    handles = [eng.submit(eng.reserve(), r) for r in reqs]
+    together = [h.result(120)[0] for h in handles]
+    assert eng.counters.total.decode_row_rounds > eng.counters.total.decode_rounds  # real batching
+    eng.shutdown(5)
+    assert together == alone
+    assert all(len(t) == 6 for t in alone)
+
+
+def test_entitlement_and_fifo(small_model) -> None:
+    # 5 pages of 64 tokens; A takes 4 (100 prompt + 100 output), B needs 2 and must wait for A;
+    # C needs 1 page, which is free, but must not overtake B.
+    eng = make_engine(small_model, max_concurrency=2, max_context=256, kv_capacity=320)
+    t_a = time.monotonic()
+    ha = eng.submit(eng.reserve(), _req("A", _prompt(100, 1), max_tokens=100, ignore_eos=True))
+    while not eng.snapshot().running:
+        time.sleep(0.005)
+    t_b = time.monotonic()
+    hb = eng.submit(eng.reserve(), _req("B", _prompt(10, 2), max_tokens=60, ignore_eos=True))
+    t_c = time.monotonic()
+    hc = eng.submit(eng.reserve(), _req("C", _prompt(10, 3), max_tokens=5, ignore_eos=True))
+    ta, la = ha.result(120)
+    tb, _ = hb.result(120)
+    tc, _ = hc.result(120)
+    eng.shutdown(5)
+    assert (len(ta), la.finish_reason, len(tb), len(tc)) == (100, "length", 60, 5)
+    slack = 0.05  # submit() reads the clock a moment after the test does
+    a_end = t_a + ha.stats.total_s
+    b_admit = t_b + hb.stats.queue_s
+    c_admit = t_c + hc.stats.queue_s
+    assert b_admit >= a_end - slack  # B's entitlement did not fit next to A's
+    assert c_admit >= b_admit - slack  # C fit, but never overtakes the older B
+
+
+def test_effective_output_entitlement_is_capped_by_max_context(small_model) -> None:
+    eng = make_engine(small_model, max_concurrency=1, max_context=128)
+    tokens, last, stats = _run(eng, _req("x", _prompt(120, 4), max_tokens=50, ignore_eos=True))
+    assert (len(tokens), last.finish_reason, stats.completion_tokens) == (8, "length", 8)
+    with pytest.raises(ContextLengthExceeded):
+        eng.submit(eng.reserve(), _req("y", _prompt(128, 4), max_tokens=1))
+    eng.shutdown(5)
+
+
+def test_overload_and_queue_timeout(small_model) -> None:
+    eng = make_engine(small_model, max_concurrency=1, max_pending=1, pending_timeout_ms=300)
+    t1 = eng.reserve()
+    t2 = eng.reserve()
+    with pytest.raises(EngineOverloaded):
+        eng.reserve()
+    h1 = eng.submit(t1, _req("long", _prompt(20, 5), max_tokens=200, ignore_eos=True))
+    h2 = eng.submit(t2, _req("late", _prompt(20, 6), max_tokens=2))
+    t0 = time.monotonic()
+    with pytest.raises(QueueTimeout):
+        h2.result(30)
+    assert time.monotonic() - t0 < 5
+    h2.close()
+    h1.cancel()
+    assert h1.result(30)[1].finish_reason == "cancelled"
+    h1.close()
+    # an expired ticket is refused at submission
+    t3 = eng.reserve()
+    time.sleep(0.35)
+    with pytest.raises(QueueTimeout):
+        eng.submit(t3, _req("expired", _prompt(5, 7), max_tokens=2))
+    t3.release()
+    assert eng.tickets.live == 0
+    eng.shutdown(5)
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_cancel_mid_prefill_and_mid_decode_frees_everything(small_model, reuse) -> None:
+    eng = make_engine(
+        small_model,
+        max_concurrency=2,
+        max_context=512,
+        kv_capacity=1024,
+        prefill_chunk=16,
+        no_prefix_reuse=not reuse,
+    )
+    free0 = eng.allocator.free_count
+    h = eng.submit(eng.reserve(), _req("p", _prompt(500, 8), max_tokens=4))
+    while eng.counters.total.prefill_tokens == 0:
+        time.sleep(0.002)
+    h.cancel()
+    tokens, last = h.result(30)
+    assert last.finish_reason == "cancelled" and tokens == []
+    assert h.stats.computed_prefill_tokens < 500
+    assert eng.allocator.free_count == free0
+    h.close()
+    h = eng.submit(eng.reserve(), _req("d", _prompt(30, 9), max_tokens=400, ignore_eos=True))
+    first = h.get(30)
+    assert first.token_ids and first.finish_reason is None
+    h.cancel()
+    tokens, last = h.result(30)
+    assert last.finish_reason == "cancelled"
+    assert eng.allocator.free_count == free0
+    assert all(ln.active is None and ln.computed == 0 for ln in eng.cache.lanes)
+    h.close()
+    eng.shutdown(5)
+
+
+def test_shutdown_drains_then_cancels(small_model) -> None:
+    eng = make_engine(small_model, max_concurrency=1)
+    h = eng.submit(eng.reserve(), _req("s", _prompt(10, 10), max_tokens=2000 % 240, ignore_eos=True))
+    h2 = eng.submit(eng.reserve(), _req("w", _prompt(10, 11), max_tokens=3))
+    eng.shutdown(drain_timeout_s=0.2)
+    last = h.result(5)[1]
+    assert last.finish_reason in ("length", "cancelled")
+    try:
+        assert h2.result(5)[1].finish_reason in ("length", "cancelled")
+    except EngineStopped:
+        pass
+    with pytest.raises(EngineStopped):
+        eng.reserve()
