@@ -2,11 +2,17 @@
 
 from ninfer.kernels.triton.conv1d import causal_conv1d_update, causal_conv1d_with_state
 from ninfer.kernels.triton.gdn_decode import gdn_decode_step, gdn_step_gated, recurrent_gated_delta_rule
+from ninfer.kernels.triton.kv_int8 import quantize_kv_int8, write_kv_int8
+from ninfer.kernels.triton.paged_attention import paged_attention, paged_attention_decode
 
 __all__ = [
     "causal_conv1d_update",
     "causal_conv1d_with_state",
     "gdn_decode_step",
     "gdn_step_gated",
+    "paged_attention",
+    "paged_attention_decode",
+    "quantize_kv_int8",
     "recurrent_gated_delta_rule",
+    "write_kv_int8",
 ]
