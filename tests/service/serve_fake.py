@@ -1,0 +1,14 @@
+"""Test harness: `python tests/service/serve_fake.py [overrides]` serves with the scripted engine."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fake_engine import FakeEngine
+
+from ninfer.config import load_settings
+from ninfer.service.app_main import serve
+
+if __name__ == "__main__":
+    serve(load_settings(sys.argv[1:]), sys.argv, engine_factory=FakeEngine)
