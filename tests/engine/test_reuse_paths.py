@@ -56,7 +56,7 @@ def test_append_frontier(pair) -> None:
     g2, st = pair.run(p1 + g1 + _prompt(20, 2))
     assert (st.reuse_path, st.cached_tokens) == ("append_frontier", 104)  # the last token is re-fed
     # a prompt equal to the full ledger still needs one computed token for its logits
-    g3, st = pair.run(p1 + g1 + _prompt(20, 2) + g2)
+    _, st = pair.run(p1 + g1 + _prompt(20, 2) + g2)
     assert (st.reuse_path, st.cached_tokens) == ("append_frontier", 129)
 
 
