@@ -1,1 +1,1 @@
-"""NInfer text package."""
+"""Text: the tokenizer wrapper, the tokenizer.json builder and the incremental detokenizer."""
