@@ -210,3 +210,9 @@ def test_convert_refuses_existing_output(good: tuple[Path, Path], tmp_path: Path
     with pytest.raises(ArtifactError, match="already exists"):
         convert(good[0], out)
     assert open_artifact(convert(good[0], out, force=True)).model_id == "hf"
+
+
+def test_loaded_tensors_are_private_maps(art: Path) -> None:
+    tensors = open_artifact(art).load_tensors("text")
+    tensors["model.norm.weight"].add_(1.0)  # copy-on-write: the file must not change
+    assert open_artifact(art, verify=True).has_component("text")
