@@ -216,3 +216,17 @@ def test_loaded_tensors_are_private_maps(art: Path) -> None:
     tensors = open_artifact(art).load_tensors("text")
     tensors["model.norm.weight"].add_(1.0)  # copy-on-write: the file must not change
     assert open_artifact(art, verify=True).has_component("text")
+
+
+def test_cli_in_process(art: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ninfer.artifact.cli import main
+
+    assert main(["inspect", str(art)]) == 0
+    out = capsys.readouterr().out
+    assert "model_id      hf" in out and "qwen3_5_moe" in out and "mtp" in out
+    assert main(["verify", str(art)]) == 0
+    assert main(["demo", str(art)]) == 1  # exists already
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already exists" in err
+    assert main(["convert", str(tmp_path / "none"), str(tmp_path / "o.ninfer")]) == 1
+    assert "does not exist" in capsys.readouterr().err
