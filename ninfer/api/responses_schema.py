@@ -1,0 +1,216 @@
+"""`POST /v1/responses` and `/v1/responses/input_tokens` bodies -> validated request data.
+
+Every unsupported value is a field-specific 400 (`param` names the field); unknown top-level
+fields are `unknown_parameter`; recognized OpenAI features this server does not implement are
+`unsupported_parameter` (the field) or `unsupported_value` (the value).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ninfer.api import fields as f
+from ninfer.api.errors import invalid, unknown_parameter, unsupported
+from ninfer.api.responses_items import normalize_input, unsupported_value
+from ninfer.frontend.conversation import Tool
+
+KNOWN = (
+    "model", "input", "instructions", "previous_response_id", "max_output_tokens", "stream", "store",
+    "temperature", "top_p", "metadata", "reasoning", "chat_template_kwargs", "preserve_thinking", "text",
+    "tools", "tool_choice", "parallel_tool_calls", "truncation", "top_logprobs", "service_tier",
+    "background", "include", "stream_options",
+)  # fmt: skip
+# OpenAI Create fields outside the Responses Core; null is treated as absent.
+UNSUPPORTED_FIELDS = (
+    "conversation", "prompt", "context_management", "moderation", "prompt_cache_key",
+    "prompt_cache_retention", "prompt_cache_options", "safety_identifier", "user", "max_tool_calls",
+    "background_options", "access_programs", "image",
+)  # fmt: skip
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+MIN_OUTPUT_TOKENS = 16
+METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
+
+
+@dataclass
+class CreateRequest:
+    model: str
+    input_items: list[dict[str, Any]]  # normalized, ids assigned
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    max_output_tokens: int | None = None  # None: the server's default_max_tokens
+    stream: bool = False
+    store: bool = True
+    temperature: float | None = None
+    top_p: float | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    effort: str | None = None
+    preserve_thinking: bool | None = None  # explicit value from either spelling, else None
+    tools: list[Tool] = field(default_factory=list)
+    tool_defs: list[dict[str, Any]] = field(default_factory=list)  # normalized echo for the Response
+    tool_choice: str = "auto"
+
+
+def _metadata(body: dict[str, Any]) -> dict[str, str]:
+    meta = f.opt_dict(body, "metadata") or {}
+    if len(meta) > METADATA_PAIRS:
+        raise invalid("metadata", f"metadata holds at most {METADATA_PAIRS} pairs", "invalid_value")
+    for key, value in meta.items():
+        if len(key) > METADATA_KEY:
+            raise invalid("metadata", f"metadata keys are at most {METADATA_KEY} characters", "invalid_value")
+        if not isinstance(value, str):
+            raise invalid(f"metadata.{key}", "metadata values must be strings", "invalid_type")
+        if len(value) > METADATA_VALUE:
+            raise invalid(
+                f"metadata.{key}", f"metadata values are at most {METADATA_VALUE} characters", "invalid_value"
+            )
+    return dict(meta)
+
+
+def _tools(body: dict[str, Any]) -> tuple[list[Tool], list[dict[str, Any]]]:
+    tools: list[Tool] = []
+    defs: list[dict[str, Any]] = []
+    for i, raw in enumerate(f.opt_list(body, "tools") or []):
+        p = f"tools[{i}]"
+        tool = f.as_dict(raw, p)
+        kind = tool.get("type")
+        if kind != "function":
+            raise unsupported_value(f"{p}.type", f"only flat function tools are supported, not {kind!r}")
+        for key, value in tool.items():
+            if key not in ("type", "name", "description", "parameters", "strict") and value is not None:
+                raise unknown_parameter(f"{p}.{key}")
+        if f.opt_bool(tool, "strict", f"{p}.strict"):
+            raise unsupported_value(f"{p}.strict", "strict schemas are not enforced by this server")
+        name = f.req_str(tool, "name", f"{p}.name")
+        if any(t.name == name for t in tools):
+            raise invalid(f"{p}.name", f"duplicate function name {name!r}", "invalid_value")
+        desc = f.opt_str(tool, "description", f"{p}.description")
+        params = f.opt_dict(tool, "parameters", f"{p}.parameters")
+        tools.append(Tool(name, desc, params))
+        defs.append(
+            {"type": "function", "name": name, "description": desc, "parameters": params, "strict": False}
+        )
+    return tools, defs
+
+
+def _tool_choice(body: dict[str, Any]) -> str:
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto"
+    if choice in ("auto", "none"):
+        return choice
+    if choice == "required" or isinstance(choice, dict):
+        raise unsupported_value("tool_choice", "tool_choice must be 'auto' or 'none'")
+    raise invalid("tool_choice", "tool_choice must be 'auto' or 'none'", "invalid_value")
+
+
+def _reasoning(body: dict[str, Any]) -> str | None:
+    reasoning = f.opt_dict(body, "reasoning")
+    if reasoning is None:
+        return None
+    for key, value in reasoning.items():
+        if key in ("summary", "generate_summary"):
+            if value is not None:
+                raise unsupported_value(f"reasoning.{key}", "reasoning summaries are not supported")
+        elif key != "effort" and value is not None:
+            raise unknown_parameter(f"reasoning.{key}")
+    effort = f.opt_str(reasoning, "effort", "reasoning.effort")
+    if effort is not None and effort not in EFFORTS:
+        raise invalid(
+            "reasoning.effort", f"reasoning.effort must be one of {', '.join(EFFORTS)}", "invalid_value"
+        )
+    return effort
+
+
+def _preserve(body: dict[str, Any]) -> bool | None:
+    kwargs = f.opt_dict(body, "chat_template_kwargs") or {}
+    for key, value in kwargs.items():
+        if key != "preserve_thinking" and value is not None:
+            raise unknown_parameter(f"chat_template_kwargs.{key}")
+    nested = f.opt_bool(kwargs, "preserve_thinking", "chat_template_kwargs.preserve_thinking")
+    alias = f.opt_bool(body, "preserve_thinking")
+    if nested is not None and alias is not None and nested != alias:
+        raise invalid(
+            "preserve_thinking",
+            "preserve_thinking and chat_template_kwargs.preserve_thinking disagree",
+            "conflicting_template_option",
+        )
+    return alias if alias is not None else nested
+
+
+def _check_unsupported(body: dict[str, Any], stream: bool) -> None:
+    text = f.opt_dict(body, "text") or {}
+    for key, value in text.items():
+        if key != "format" and value is not None:
+            raise unsupported_value(f"text.{key}", f"text.{key} is not supported")
+    fmt = f.opt_dict(text, "format", "text.format")
+    if fmt is not None and (fmt.get("type") != "text" or len(fmt) != 1):
+        raise unsupported_value("text.format", "only text.format {'type': 'text'} is supported")
+    if f.opt_bool(body, "parallel_tool_calls") is False:
+        raise unsupported_value("parallel_tool_calls", "parallel_tool_calls must be omitted or true")
+    truncation = f.opt_str(body, "truncation")
+    if truncation not in (None, "disabled"):
+        raise unsupported_value("truncation", "truncation must be omitted or 'disabled'")
+    if f.opt_int(body, "top_logprobs", 0) not in (None, 0):
+        raise unsupported_value("top_logprobs", "logprobs are not supported")
+    tier = f.opt_str(body, "service_tier")
+    if tier not in (None, "auto", "default"):
+        raise unsupported_value("service_tier", "service_tier must be omitted, 'auto' or 'default'")
+    if f.opt_bool(body, "background"):
+        raise unsupported_value("background", "background execution is not supported")
+    if f.opt_list(body, "include"):
+        raise unsupported_value("include", "include must be omitted or empty")
+    options = f.opt_dict(body, "stream_options")
+    if options is not None:
+        if not stream:
+            raise invalid(
+                "stream_options", "stream_options is only allowed with stream=true", "invalid_value"
+            )
+        f.reject_unknown(options, ("include_obfuscation",), "stream_options.")
+        if f.opt_bool(options, "include_obfuscation", "stream_options.include_obfuscation"):
+            raise unsupported_value(
+                "stream_options.include_obfuscation", "stream obfuscation is not supported"
+            )
+
+
+def parse_create(body: dict[str, Any], vision: bool) -> CreateRequest:
+    """Validate a Create body (the model id is checked by the caller against the server's)."""
+    for key, value in body.items():
+        if key in UNSUPPORTED_FIELDS:
+            if value is not None:
+                raise unsupported(key, f"{key} is not supported by this server")
+        elif key not in KNOWN:
+            raise unknown_parameter(key)
+    model = f.req_str(body, "model")
+    if body.get("input") is None:
+        raise invalid("input", "missing required parameter: 'input'", "missing_required_parameter")
+    stream = bool(f.opt_bool(body, "stream"))
+    _check_unsupported(body, stream)
+    tools, defs = _tools(body)
+    store = f.opt_bool(body, "store")
+    return CreateRequest(
+        model=model,
+        input_items=normalize_input(body["input"], vision),
+        instructions=f.opt_str(body, "instructions"),
+        previous_response_id=f.opt_str(body, "previous_response_id"),
+        max_output_tokens=f.opt_int(body, "max_output_tokens", MIN_OUTPUT_TOKENS),
+        stream=stream,
+        store=True if store is None else store,
+        temperature=f.opt_float(body, "temperature", 0.0, 2.0),
+        top_p=f.opt_float(body, "top_p", 0.0, 1.0),
+        metadata=_metadata(body),
+        effort=_reasoning(body),
+        preserve_thinking=_preserve(body),
+        tools=tools,
+        tool_defs=defs,
+        tool_choice=_tool_choice(body),
+    )
+
+
+def parse_input_tokens(body: dict[str, Any], vision: bool) -> tuple[str, list[dict[str, Any]]]:
+    """`/v1/responses/input_tokens` accepts exactly `model` and `input`."""
+    f.reject_unknown(body, ("model", "input"))
+    model = f.req_str(body, "model")
+    if body.get("input") is None:
+        raise invalid("input", "missing required parameter: 'input'", "missing_required_parameter")
+    return model, normalize_input(body["input"], vision)
