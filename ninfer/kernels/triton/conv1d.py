@@ -99,7 +99,7 @@ def causal_conv1d_update(
     num_accepted: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
-    block_c: int = 256,
+    block_c: int | None = None,
     num_warps: int = 4,
 ) -> torch.Tensor:
     """Depthwise causal conv (no bias) + SiLU of T new inputs, continuing each sequence's window in place.
@@ -111,6 +111,7 @@ def causal_conv1d_update(
     `num_accepted` [N] int (speculative, S = K-1+k) the columns num_accepted-1 .. num_accepted+K-3,
     i.e. the history ends at the last accepted input of the previous call. Afterwards the slot holds
     the last S inputs of [window history | x] (requires num_accepted-1 + K-1 + T >= S).
+    block_c: channels per program; by default 512 when that still gives >= 128 programs, else 128.
     returns y: [N, T, C] in x's dtype.
     """
     w = weight.reshape(weight.shape[0], -1)
@@ -142,6 +143,8 @@ def causal_conv1d_update(
         raise ValueError(f"out must be [N, T, C] = {(n, t, c)} with a contiguous last dim")
     if n == 0 or t == 0:
         return out
+    if block_c is None:
+        block_c = 512 if n * triton.cdiv(c, 512) >= 128 else 128
     bc = min(triton.next_power_of_2(block_c), triton.next_power_of_2(c))
     grid = (n, triton.cdiv(c, bc))
     _conv_update_kernel[grid](
