@@ -94,42 +94,10 @@ class Engine:
     @classmethod
     def from_settings(cls, settings: Any, artifact: Any) -> Engine:
         """Composition root: load the artifact's text model and build the engine from `Settings`."""
-        from ninfer.artifact.registry import sampler_preset
-        from ninfer.engine.sampler import SamplingOverrides
-        from ninfer.model.weights import load_model
-        from ninfer.text.detok import IncrementalDetokenizer
-        from ninfer.text.tokenizer import Tokenizer
+        from ninfer.engine.compose import engine_parts
 
-        es, ss = settings.engine, settings.sampling
-        device = es.torch_device(torch.cuda.is_available())
-        dtype = es.torch_dtype(device != "cpu")
-        model = load_model(artifact.config, artifact.load_tensors("text"), _DTYPES[dtype], device)
-        tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
-        config = EngineConfig(
-            max_concurrency=es.max_concurrency,
-            max_pending=es.max_pending_requests,
-            pending_timeout_ms=es.pending_timeout_ms,
-            prefill_chunk=es.prefill_chunk,
-            max_context=es.max_context,
-            kv_capacity=settings.kv.capacity,
-            no_prefix_reuse=es.no_prefix_reuse,
-            default_max_tokens=es.default_max_tokens,
-            device=device,
-            dtype=dtype,
-            sampling=SamplingOverrides(
-                temperature=ss.temperature,
-                top_p=ss.top_p,
-                top_k=ss.top_k,
-                min_p=ss.min_p,
-                presence_penalty=ss.presence_penalty,
-                frequency_penalty=ss.frequency_penalty,
-                seed=ss.seed,
-                greedy=ss.greedy,
-            ),
-            thinking_preset=sampler_preset(artifact.model_id, artifact.family, True),
-            non_thinking_preset=sampler_preset(artifact.model_id, artifact.family, False),
-        )
-        return cls(model, config, lambda: IncrementalDetokenizer(tokenizer))
+        model, config, detok = engine_parts(settings, artifact)
+        return cls(model, config, detok)
 
     # ----- caller threads -----
     def start(self) -> Engine:

@@ -1,0 +1,58 @@
+"""Composition root: the engine's model, narrow config and detokenizer from `Settings` + artifact."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ninfer.artifact.registry import sampler_preset
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.sampler import SamplingOverrides
+from ninfer.engine.stops import Detokenizer
+from ninfer.model.weights import load_model
+from ninfer.text.detok import IncrementalDetokenizer
+from ninfer.text.tokenizer import Tokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def engine_config(settings: Any, artifact: Any, device: str, dtype: str) -> EngineConfig:
+    """Map the `engine`, `kv` and `sampling` settings groups onto `EngineConfig`."""
+    es, ss = settings.engine, settings.sampling
+    return EngineConfig(
+        max_concurrency=es.max_concurrency,
+        max_pending=es.max_pending_requests,
+        pending_timeout_ms=es.pending_timeout_ms,
+        prefill_chunk=es.prefill_chunk,
+        max_context=es.max_context,
+        kv_capacity=settings.kv.capacity,
+        no_prefix_reuse=es.no_prefix_reuse,
+        default_max_tokens=es.default_max_tokens,
+        device=device,
+        dtype=dtype,
+        sampling=SamplingOverrides(
+            temperature=ss.temperature,
+            top_p=ss.top_p,
+            top_k=ss.top_k,
+            min_p=ss.min_p,
+            presence_penalty=ss.presence_penalty,
+            frequency_penalty=ss.frequency_penalty,
+            seed=ss.seed,
+            greedy=ss.greedy,
+        ),
+        thinking_preset=sampler_preset(artifact.model_id, artifact.family, True),
+        non_thinking_preset=sampler_preset(artifact.model_id, artifact.family, False),
+    )
+
+
+def engine_parts(settings: Any, artifact: Any) -> tuple[Any, EngineConfig, Callable[[], Detokenizer]]:
+    """Load the text model on the configured device and dtype; build the config and detokenizer."""
+    es = settings.engine
+    device = es.torch_device(torch.cuda.is_available())
+    dtype = es.torch_dtype(device != "cpu")
+    model = load_model(artifact.config, artifact.load_tensors("text"), _DTYPES[dtype], device)
+    tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
+    config = engine_config(settings, artifact, device, dtype)
+    return model, config, lambda: IncrementalDetokenizer(tokenizer)

@@ -1,0 +1,21 @@
+"""Engine greedy output equals a plain one-sequence loop over the model (ninfer.offline's reference)."""
+
+from __future__ import annotations
+
+from ninfer.engine.api import GenerationRequest, SamplingParams
+from ninfer.offline import LLM
+from tests.engine.tiny import make_engine
+
+
+def test_engine_matches_plain_greedy_loop(small_model) -> None:
+    ref = LLM.from_model(small_model)
+    prompts = [[(i * 31 + s) % 500 + 1 for i in range(n)] for s, n in enumerate((7, 70, 150, 33))]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    want = [list(o.token_ids) for o in ref.generate(prompts, params)]
+    eng = make_engine(small_model, max_concurrency=4, kv_capacity=1024, prefill_chunk=48)
+    handles = [
+        eng.submit(eng.reserve(), GenerationRequest(f"r{i}", tuple(p), params)) for i, p in enumerate(prompts)
+    ]
+    got = [h.result(60)[0] for h in handles]
+    eng.shutdown(5)
+    assert got == want
