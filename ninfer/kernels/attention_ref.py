@@ -39,20 +39,24 @@ def paged_attention(
     page_table: torch.Tensor,
     cache_lens: torch.Tensor,
     scale: float,
+    max_kv_len: int | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of q new tokens over each sequence's pages (history + the new tokens).
 
     q: [B, q, nh, hd]; k_pool, v_pool: [num_pages, page, nkv, hd] (new tokens already written);
     page_table: [B, max_pages] int32 (entries past the sequence's pages may be any valid page id
     or -1); cache_lens: [B] int64. Query i of sequence b sees keys 0 .. cache_lens[b] + i.
+    max_kv_len: a host-side upper bound on cache_lens + q (known to the scheduler, so no device
+    sync); keys beyond it are not gathered. None = the whole page table width (static shapes).
     returns o: [B, q, nh, hd] in q's dtype.
     """
     b, q_len, nh, hd = q.shape
     page, nkv = k_pool.shape[1], k_pool.shape[2]
     pt = page_table.long().clamp(min=0)
-    n_keys = pt.shape[1] * page
-    keys = k_pool[pt].reshape(b, n_keys, nkv, hd).transpose(1, 2)  # [B, nkv, L, hd]
-    vals = v_pool[pt].reshape(b, n_keys, nkv, hd).transpose(1, 2)
+    n_keys = pt.shape[1] * page if max_kv_len is None else min(max_kv_len, pt.shape[1] * page)
+    pt = pt[:, : -(-n_keys // page)]
+    keys = k_pool[pt].reshape(b, -1, nkv, hd)[:, :n_keys].transpose(1, 2)  # [B, nkv, L, hd]
+    vals = v_pool[pt].reshape(b, -1, nkv, hd)[:, :n_keys].transpose(1, 2)
     q_pos = cache_lens[:, None] + torch.arange(q_len, device=q.device)  # [B, q]
     key_pos = torch.arange(n_keys, device=q.device)
     mask = key_pos[None, None, :] <= q_pos[:, :, None]  # [B, q, L]

@@ -23,7 +23,7 @@ class Ops:
     causal_conv1d_with_state: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (k_pool, v_pool, k [B,q,nkv,hd], v, page_table, cache_lens) -> None (in place)
     write_kv: Callable[..., None]
-    # (q [B,q,nh,hd], k_pool, v_pool, page_table, cache_lens, scale) -> o [B,q,nh,hd]
+    # (q [B,q,nh,hd], k_pool, v_pool, page_table, cache_lens, scale, max_kv_len=None) -> o [B,q,nh,hd]
     paged_attention: Callable[..., torch.Tensor]
     # (x [N,H], gate_up [E,2Ie,H], down [E,H,Ie], topk_idx [N,k], topk_w [N,k]) -> [N,H]
     moe_experts: Callable[..., torch.Tensor]

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ninfer.kernels.dispatch import Ops
+from ninfer.model.cache import ForwardBatch
 from ninfer.model.config import TextConfig
 from ninfer.model.norms import RMSNorm1p
 from ninfer.model.rope import apply_rope
@@ -34,8 +35,7 @@ class GatedAttention(nn.Module):
         sin: torch.Tensor,
         k_pool: torch.Tensor,
         v_pool: torch.Tensor,
-        page_table: torch.Tensor,
-        cache_lens: torch.Tensor,
+        batch: ForwardBatch,
     ) -> torch.Tensor:
         """x: [B, q, H] (normed); cos/sin: [B, q, rot]; pools: [P, 64, nkv, hd]. -> [B, q, H]"""
         b, q, _ = x.shape
@@ -45,7 +45,9 @@ class GatedAttention(nn.Module):
         qh = apply_rope(self.q_norm(qh), cos, sin)  # [B, q, nh, hd]
         kh = apply_rope(self.k_norm(self.k_proj(x).view(b, q, self.nkv, self.hd)), cos, sin)
         vh = self.v_proj(x).view(b, q, self.nkv, self.hd)
-        self.ops.write_kv(k_pool, v_pool, kh, vh, page_table, cache_lens)
-        o = self.ops.paged_attention(qh, k_pool, v_pool, page_table, cache_lens, self.scale)
+        self.ops.write_kv(k_pool, v_pool, kh, vh, batch.page_table, batch.cache_lens)
+        o = self.ops.paged_attention(
+            qh, k_pool, v_pool, batch.page_table, batch.cache_lens, self.scale, batch.max_kv_len
+        )
         o = o.reshape(b, q, self.nh * self.hd) * torch.sigmoid(gate)
         return self.o_proj(o)

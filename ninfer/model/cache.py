@@ -128,6 +128,9 @@ class ForwardBatch:
     slots: torch.Tensor  # [B] int64, GDN state slot of each sequence (read, then overwritten)
     page_table: torch.Tensor  # [B, max_pages] int32, KV pages of each sequence in order
     cache_lens: torch.Tensor  # [B] int64, tokens already in the KV cache before this call
+    # host-side bound on cache_lens + q (the scheduler knows it without a device sync); lets
+    # attention skip unused pages. None = attend over the whole page table width (static shapes).
+    max_kv_len: int | None = None
 
     def validate(self) -> None:
         b, q = self.input_ids.shape
@@ -177,6 +180,7 @@ def make_batch(
         slots=torch.as_tensor(list(slots), dtype=torch.int64, device=device),
         page_table=table.to(device),
         cache_lens=lens,
+        max_kv_len=max(cache_lens) + q,
     )
     batch.validate()
     return batch

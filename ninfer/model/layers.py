@@ -7,6 +7,7 @@ from torch import nn
 
 from ninfer.kernels.dispatch import Ops
 from ninfer.model.attention import GatedAttention
+from ninfer.model.cache import ForwardBatch
 from ninfer.model.config import FULL, TextConfig
 from ninfer.model.ffn import MLP, SparseMoE
 from ninfer.model.gdn import GatedDeltaNet
@@ -40,10 +41,9 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         k_pool: torch.Tensor,
         v_pool: torch.Tensor,
-        page_table: torch.Tensor,
-        cache_lens: torch.Tensor,
+        batch: ForwardBatch,
     ) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, k_pool, v_pool, page_table, cache_lens)
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, k_pool, v_pool, batch)
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def forward_linear(

@@ -60,7 +60,7 @@ class Qwen35Model(nn.Module):
         cos, sin = self.rotary(batch.positions, x.dtype)  # [B, q, rot]
         for layer, j in zip(self.layers, self.pool_index, strict=True):
             if layer.kind == FULL:
-                x = layer.forward_attention(x, cos, sin, kv.k[j], kv.v[j], batch.page_table, batch.cache_lens)
+                x = layer.forward_attention(x, cos, sin, kv.k[j], kv.v[j], batch)
             else:
                 x = layer.forward_linear(x, states.conv[j], states.ssm[j], batch.slots)
         return self.norm(x)
