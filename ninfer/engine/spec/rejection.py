@@ -1,0 +1,134 @@
+"""Verification of k drafts against the target's k+1 logit rows: greedy matching and rejection sampling.
+
+Both distributions go through the request's own `RowSampler` pipeline (penalties with the draft
+prefix counted as generated, temperature, top-k, top-p, min-p), and every random draw uses the
+request's generator, so a seed reproduces a request. Rejection sampling (Leviathan et al.):
+accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit a
+sample of norm(max(0, p_i - q_i)); when all k are accepted emit a bonus sample of p_k. The
+emitted tokens are distributed exactly as k+1 sequential samples of the target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from ninfer.engine.sampler import RowSampler
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One row's verification: `tokens` = the accepted drafts followed by the target's own token."""
+
+    tokens: list[int]  # length accepted + 1
+    accepted: int  # leading drafts accepted (0..k)
+
+
+@contextmanager
+def observed(sampler: RowSampler, prefix: Sequence[int]) -> Iterator[RowSampler]:
+    """The sampler as if `prefix` had been generated (for penalties); its counts are restored after."""
+    saved = dict(sampler.counts)
+    try:
+        for t in prefix:
+            sampler.observe(int(t))
+        yield sampler
+    finally:
+        sampler.counts = saved
+
+
+def is_greedy(sampler: RowSampler) -> bool:
+    return sampler.params.temperature == 0.0
+
+
+def greedy_token(sampler: RowSampler, logits: torch.Tensor, prefix: Sequence[int]) -> int:
+    """logits: [V] float32 -> the token plain greedy decoding would pick after `prefix`."""
+    with observed(sampler, prefix) as s:
+        return int(torch.argmax(s.adjust(logits)).item())
+
+
+def distribution(sampler: RowSampler, logits: torch.Tensor, prefix: Sequence[int]) -> torch.Tensor:
+    """logits: [V] float32 (-inf where a reduced head has no row) -> normalized probabilities [V]."""
+    with observed(sampler, prefix) as s:
+        probs = s.probs(s.adjust(logits)).to(torch.float64)
+    total = probs.sum()
+    if not total > 0:
+        raise ValueError("sampling distribution has no mass (all logits -inf or NaN)")
+    return probs / total
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One sample of a (possibly unnormalized) distribution [V] with the request's generator."""
+    return int(torch.multinomial(probs.to(torch.float32), 1, generator=generator).item())
+
+
+def _uniform(generator: torch.Generator) -> float:
+    return float(torch.rand(1, generator=generator, device=generator.device).item())
+
+
+def verify_greedy(sampler: RowSampler, target_logits: torch.Tensor, drafts: Sequence[int]) -> Verdict:
+    """target_logits: [k+1, V] for inputs [t_last, d_1..d_k]. Accept while d_i equals the target's
+    greedy choice after d_1..d_{i-1}; then append the target's own choice."""
+    out: list[int] = []
+    for i, d in enumerate(drafts):
+        t = greedy_token(sampler, target_logits[i], out)
+        if t != int(d):
+            return Verdict(tokens=[*out, t], accepted=i)
+        out.append(int(d))
+    return Verdict(tokens=[*out, greedy_token(sampler, target_logits[len(out)], out)], accepted=len(out))
+
+
+def verify_sampled(
+    sampler: RowSampler,
+    target_logits: torch.Tensor,
+    drafts: Sequence[int],
+    draft_probs: torch.Tensor | None,
+) -> Verdict:
+    """Rejection sampling. target_logits: [k+1, V]; draft_probs: [k, V], row i the normalized q the
+    draft d_{i+1} was drawn from (None: deterministic drafts, q = one-hot)."""
+    gen = sampler.generator
+    out: list[int] = []
+    for i, d in enumerate(drafts):
+        d = int(d)
+        p = distribution(sampler, target_logits[i], out)  # [V] float64
+        if draft_probs is None:
+            q = torch.zeros_like(p)
+            q[d] = 1.0
+        else:
+            q = draft_probs[i].to(p.dtype)
+        if q[d] <= 0:
+            raise ValueError(f"draft token {d} has zero draft probability")
+        if _uniform(gen) * float(q[d]) < float(p[d]):
+            out.append(d)
+            continue
+        residual = (p - q).clamp_min(0.0)
+        if not residual.sum() > 0:  # p == q up to rounding: the rejection had probability ~0
+            residual = p
+        return Verdict(tokens=[*out, draw(residual, gen)], accepted=i)
+    bonus = distribution(sampler, target_logits[len(out)], out)
+    return Verdict(tokens=[*out, draw(bonus, gen)], accepted=len(out))
+
+
+def verify(
+    sampler: RowSampler,
+    target_logits: torch.Tensor,
+    drafts: Sequence[int],
+    draft_probs: torch.Tensor | None = None,
+) -> Verdict:
+    """Greedy requests match exactly; stochastic ones use rejection sampling."""
+    if is_greedy(sampler):
+        return verify_greedy(sampler, target_logits, drafts)
+    return verify_sampled(sampler, target_logits, drafts, draft_probs)
+
+
+def propose(
+    sampler: RowSampler, draft_logits: torch.Tensor, prefix: Sequence[int]
+) -> tuple[int, torch.Tensor | None]:
+    """One draft token from draft logits [V] after `prefix` (the earlier drafts of this round):
+    greedy requests take the argmax (q unused, None); stochastic ones sample q and return it."""
+    if is_greedy(sampler):
+        return greedy_token(sampler, draft_logits, prefix), None
+    q = distribution(sampler, draft_logits, prefix)
+    return draw(q, sampler.generator), q
