@@ -18,7 +18,9 @@ from ninfer.text.tokenizer import Tokenizer
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def engine_config(settings: Any, artifact: Any, device: str, dtype: str) -> EngineConfig:
+def engine_config(
+    settings: Any, artifact: Any, device: str, dtype: str, vocab_limit: int | None = None
+) -> EngineConfig:
     """Map the `engine`, `kv` and `sampling` settings groups onto `EngineConfig`."""
     es, ss = settings.engine, settings.sampling
     return EngineConfig(
@@ -44,6 +46,7 @@ def engine_config(settings: Any, artifact: Any, device: str, dtype: str) -> Engi
         ),
         thinking_preset=sampler_preset(artifact.model_id, artifact.family, True),
         non_thinking_preset=sampler_preset(artifact.model_id, artifact.family, False),
+        vocab_limit=vocab_limit,
     )
 
 
@@ -54,5 +57,5 @@ def engine_parts(settings: Any, artifact: Any) -> tuple[Any, EngineConfig, Calla
     dtype = es.torch_dtype(device != "cpu")
     model = load_model(artifact.config, artifact.load_tensors("text"), _DTYPES[dtype], device)
     tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
-    config = engine_config(settings, artifact, device, dtype)
+    config = engine_config(settings, artifact, device, dtype, vocab_limit=tokenizer.vocab_size)
     return model, config, lambda: IncrementalDetokenizer(tokenizer)

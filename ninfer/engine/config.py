@@ -25,3 +25,6 @@ class EngineConfig:
     thinking_preset: Mapping[str, float | int] | None = None
     non_thinking_preset: Mapping[str, float | int] | None = None
     stop_token_ids: tuple[int, ...] | None = None  # None = the model config's eos ids
+    # Ids at or above this are never sampled: the embedding table is padded past the tokenizer's
+    # vocabulary (248320 rows for 248077 ids). None = every row of the lm_head.
+    vocab_limit: int | None = None

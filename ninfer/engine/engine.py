@@ -73,7 +73,9 @@ class Engine:
         self.allocator = PageAllocator(self.ledger.num_pages)
         self.cache = PrefixCache(make_lanes(self.layout), self.allocator, enabled=not config.no_prefix_reuse)
         self.scheduler = Scheduler(self.cache, config.max_concurrency, config.prefill_chunk)
-        self.runner = Runner(model, self.kv, self.states, pages_for(config.max_context), self.device)
+        self.runner = Runner(
+            model, self.kv, self.states, pages_for(config.max_context), self.device, config.vocab_limit
+        )
         self.tickets = TicketBook(
             config.max_concurrency + config.max_pending, config.pending_timeout_ms / 1000
         )

@@ -19,9 +19,16 @@ class Runner:
     """
 
     def __init__(
-        self, model: torch.nn.Module, kv: KVPool, states: StatePool, max_pages: int, device: torch.device
+        self,
+        model: torch.nn.Module,
+        kv: KVPool,
+        states: StatePool,
+        max_pages: int,
+        device: torch.device,
+        vocab_limit: int | None = None,
     ) -> None:
         self.model = model
+        self.vocab_limit = vocab_limit
         self.kv = kv
         self.states = states
         self.max_pages = max_pages
@@ -64,6 +71,13 @@ class Runner:
             cache_lens=lens.to(dev),
         )
 
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [B, H] -> float32 logits [B, V] with the padded ids (>= vocab_limit) at -inf."""
+        logits = self.model.logits(hidden)
+        if self.vocab_limit is not None and self.vocab_limit < logits.shape[-1]:
+            logits[..., self.vocab_limit :] = float("-inf")
+        return logits
+
     def _prefill(self, plan: PrefillPlan) -> StepResult:
         self._slot_ops(plan.ops_before)
         batch = self._batch([plan.tokens], [plan.start], [plan.slot], [plan.pages])
@@ -71,7 +85,7 @@ class Runner:
         self._slot_ops(plan.ops_after)
         if plan.sampler is None:
             return StepResult(seq_ids=[], tokens=[])
-        logits = self.model.logits(hidden[:, -1])  # [1, V] float32
+        logits = self._logits(hidden[:, -1])  # [1, V] float32
         return StepResult(seq_ids=[plan.seq_id], tokens=sample_rows(logits, [plan.sampler]))
 
     def _decode(self, plan: DecodePlan) -> StepResult:
@@ -83,6 +97,6 @@ class Runner:
             [r.pages for r in rows],
         )
         hidden = self.model(batch, self.kv, self.states)  # [B, 1, H]
-        logits = self.model.logits(hidden[:, -1])  # [B, V] float32
+        logits = self._logits(hidden[:, -1])  # [B, V] float32
         tokens = sample_rows(logits, [r.sampler for r in rows])
         return StepResult(seq_ids=[r.seq_id for r in rows], tokens=tokens)
