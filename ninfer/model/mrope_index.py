@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -43,6 +44,19 @@ class MediaGrid:
     modality: str
     grid_thw: tuple[int, int, int]
     timestamps: tuple[float, ...] = ()
+
+
+class MediaLike(Protocol):
+    """What expansion reads of an item (`MediaGrid`, or `ninfer.media.config.PreparedMedia` itself)."""
+
+    @property
+    def modality(self) -> str: ...
+
+    @property
+    def grid_thw(self) -> tuple[int, int, int]: ...
+
+    @property
+    def timestamps(self) -> tuple[float, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,7 @@ def merged_tokens(grid_thw: Sequence[int], merge: int = 2) -> int:
 
 def expand_placeholders(
     token_ids: Sequence[int],
-    items: Sequence[MediaGrid],
+    items: Sequence[MediaLike],
     encode_text: Callable[[str], list[int]],
     ids: MMTokenIds = MMTokenIds(),
     merge: int = 2,
