@@ -1,1 +1,8 @@
-"""NInfer media package."""
+"""NInfer media: acquisition, decoding and preparation of images / videos into BF16 vision patches.
+
+Modules: `errors` (MediaError, codes), `fetch` (bounded data-URI / HTTP(S) acquisition with the
+address policy), `config` (processor parameters, PreparedMedia), `pixels` (smart_resize,
+normalise, patchify), `image` / `video` (decode + prepare, matching transformers), `cache`
+(LRU + single flight + live-byte refcounts + preparation permit + worker pool), `prepare`
+(request-level preparation and budgets).
+"""
