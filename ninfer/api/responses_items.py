@@ -75,7 +75,7 @@ def _part(raw: Any, role: str, param: str, vision: bool) -> dict[str, Any]:
         if kind != wanted:
             raise invalid(f"{param}.type", f"{role} message content must use {wanted} parts", "invalid_value")
         if kind == "output_text":
-            _only(part, ("type", "text", "logprobs"), param)
+            _only(part, ("type", "text", "logprobs", "annotations"), param)
             if part.get("annotations"):
                 raise unsupported_value(f"{param}.annotations", "output_text annotations are not supported")
             return {

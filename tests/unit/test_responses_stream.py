@@ -1,0 +1,259 @@
+"""The Responses event sequencer against the official SDK's event models and stream accumulator."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from openai import omit
+from openai.lib.streaming.responses._responses import ResponseStreamState
+from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses.response_usage import ResponseUsage
+from pydantic import TypeAdapter
+
+from ninfer.api.events import (
+    Event,
+    Finished,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    ToolCallArgumentsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
+from ninfer.api.responses_object import Envelope
+from ninfer.api.responses_stream import ResponseSequencer, frame
+
+EVENT = TypeAdapter(ResponseStreamEvent)
+TERMINALS = {"response.completed", "response.incomplete", "response.failed"}
+USAGE = Usage(prompt_tokens=40, completion_tokens=12, cached_tokens=17, reasoning_tokens=5)
+
+
+def sequencer() -> ResponseSequencer:
+    counter = itertools.count()
+    return ResponseSequencer(Envelope(id="resp_1", model="m"), lambda p: f"{p}_{next(counter)}")
+
+
+# A generation is a list of segments: ("reasoning", chunks), ("text", chunks), ("call", name, chunks).
+text_chunks = st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=4)
+arg_chunks = st.lists(st.sampled_from(['{"a": 1', "}", ', "b": "é"', "{}", " "]), min_size=1, max_size=3)
+segment = st.one_of(
+    st.tuples(st.just("reasoning"), text_chunks),
+    st.tuples(st.just("text"), text_chunks),
+    st.tuples(st.just("call"), st.sampled_from(["f", "get_weather"]), arg_chunks),
+)
+
+
+def to_events(segments: list[tuple[Any, ...]], finish: str) -> list[Event]:
+    events: list[Event] = []
+    calls: list[ToolCall] = []
+    for seg in segments:
+        if seg[0] == "reasoning":
+            events += [ReasoningDelta(c) for c in seg[1]]
+        elif seg[0] == "text":
+            events += [TextDelta(c) for c in seg[1]]
+        else:
+            index, args = len(calls), "".join(seg[2])
+            calls.append(ToolCall(f"call_{index}", seg[1], args))
+            events.append(ToolCallStart(index, f"call_{index}", seg[1]))
+            events += [ToolCallArgumentsDelta(index, c) for c in seg[2]]
+            events.append(ToolCallEnd(index, args))
+    reasoning = "".join(c for s in segments if s[0] == "reasoning" for c in s[1])
+    content = "".join(c for s in segments if s[0] == "text" for c in s[1])
+    events.append(Finished(finish, USAGE, reasoning, content, tuple(calls)))  # type: ignore[arg-type]
+    return events
+
+
+def expected_items(segments: list[tuple[Any, ...]]) -> list[tuple[str, str]]:
+    """(type, text) per output Item: adjacent chunks of one kind merge, each call is its own Item."""
+    items: list[tuple[str, str]] = []
+    for seg in segments:
+        if seg[0] == "call":
+            items.append(("function_call", "".join(seg[2])))
+            continue
+        kind = "reasoning" if seg[0] == "reasoning" else "message"
+        if items and items[-1][0] == kind:
+            items[-1] = (kind, items[-1][1] + "".join(seg[1]))
+        else:
+            items.append((kind, "".join(seg[1])))
+    return items
+
+
+def item_text(item: dict[str, Any]) -> str:
+    return item["arguments"] if item["type"] == "function_call" else item["content"][0]["text"]
+
+
+def run(events: list[Event]) -> tuple[ResponseSequencer, list[dict[str, Any]]]:
+    seq = sequencer()
+    out = seq.start()
+    for event in events:
+        out += seq.feed(event)
+    return seq, out
+
+
+def check_lifecycle(out: list[dict[str, Any]]) -> None:
+    """Sequence numbers, lifecycle order, stable ids/indices and deltas equal to the done Items."""
+    assert [e["sequence_number"] for e in out] == list(range(len(out)))
+    assert [e["type"] for e in out[:2]] == ["response.created", "response.in_progress"]
+    assert [e["type"] in TERMINALS for e in out].count(True) == 1 and out[-1]["type"] in TERMINALS
+    open_index: int | None = None
+    ids: dict[int, str] = {}
+    deltas: dict[int, list[str]] = {}
+    for e in out[2:-1]:
+        kind = e["type"]
+        if kind == "response.output_item.added":
+            assert open_index is None, "Items must not interleave"
+            open_index = e["output_index"]
+            assert open_index == len(ids)
+            ids[open_index] = e["item"]["id"]
+            deltas[open_index] = []
+            assert e["item"]["status"] == "in_progress"
+            continue
+        assert e["output_index"] == open_index
+        if kind != "response.output_item.done":
+            assert e["item_id"] == ids[open_index]
+        else:
+            assert e["item"]["id"] == ids[open_index]
+            assert item_text(e["item"]) == "".join(deltas[open_index])
+            open_index = None
+            continue
+        if "content_index" in e:
+            assert e["content_index"] == 0
+        if kind.endswith(".delta"):
+            deltas[open_index].append(e["delta"])
+        elif kind in ("response.output_text.done", "response.reasoning_text.done"):
+            assert e["text"] == "".join(deltas[open_index])
+        elif kind == "response.function_call_arguments.done":
+            assert e["arguments"] == "".join(deltas[open_index])
+    assert open_index is None
+    final = out[-1]["response"]["output"]
+    assert [i["id"] for i in final] == [ids[k] for k in sorted(ids)]
+    assert [item_text(i) for i in final] == ["".join(deltas[k]) for k in sorted(ids)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(segment, max_size=6), st.sampled_from(["stop", "length", "tool_calls"]))
+def test_event_streams(segments: list[tuple[Any, ...]], finish: str) -> None:
+    seq, out = run(to_events(segments, finish))
+    check_lifecycle(out)
+    for e in out:
+        EVENT.validate_python(e)  # every frame is a valid SDK event
+        assert frame(e).startswith(f"event: {e['type']}\ndata: ".encode())
+    final = out[-1]["response"]
+    assert final is seq.response
+    assert [(i["type"], item_text(i)) for i in final["output"]] == expected_items(segments)
+    incomplete = finish == "length"
+    assert final["status"] == out[-1]["type"].removeprefix("response.")
+    assert final["status"] == ("incomplete" if incomplete else "completed")
+    assert final["incomplete_details"] == ({"reason": "max_output_tokens"} if incomplete else None)
+    statuses = [i["status"] for i in final["output"]]
+    if statuses and incomplete and final["output"][-1]["type"] != "function_call":
+        assert statuses[:-1] == ["completed"] * (len(statuses) - 1) and statuses[-1] == "incomplete"
+    else:
+        assert statuses == ["completed"] * len(statuses)
+    Response.model_validate(final)
+    # The SDK's own stream accumulator rebuilds the same message text and call arguments.
+    state: ResponseStreamState[Any] = ResponseStreamState(input_tools=omit, text_format=omit)
+    rebuilt: dict[int, str] = {}
+    for e in out:
+        for handled in state.handle_event(EVENT.validate_python(e)):
+            if handled.type in ("response.output_text.delta", "response.function_call_arguments.delta"):
+                rebuilt[handled.output_index] = handled.snapshot
+    for index, item in enumerate(final["output"]):
+        if item["type"] != "reasoning":
+            assert rebuilt[index] == item_text(item)
+
+
+def test_reasoning_text_and_call_exact_sequence() -> None:
+    events = to_events(
+        [("reasoning", ["Let ", "me"]), ("text", ["Hi"]), ("call", "f", ['{"a": 1}'])], "tool_calls"
+    )
+    _, out = run(events)
+    assert [(e["type"], e.get("output_index")) for e in out] == [
+        ("response.created", None),
+        ("response.in_progress", None),
+        ("response.output_item.added", 0),
+        ("response.content_part.added", 0),
+        ("response.reasoning_text.delta", 0),
+        ("response.reasoning_text.delta", 0),
+        ("response.reasoning_text.done", 0),
+        ("response.content_part.done", 0),
+        ("response.output_item.done", 0),
+        ("response.output_item.added", 1),
+        ("response.content_part.added", 1),
+        ("response.output_text.delta", 1),
+        ("response.output_text.done", 1),
+        ("response.content_part.done", 1),
+        ("response.output_item.done", 1),
+        ("response.output_item.added", 2),
+        ("response.function_call_arguments.delta", 2),
+        ("response.function_call_arguments.done", 2),
+        ("response.output_item.done", 2),
+        ("response.completed", None),
+    ]
+    final = out[-1]["response"]
+    assert final["output"] == [
+        {"id": "rs_0", "type": "reasoning", "summary": [], "status": "completed",
+         "content": [{"type": "reasoning_text", "text": "Let me"}]},
+        {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+         "content": [{"type": "output_text", "text": "Hi", "annotations": [], "logprobs": []}]},
+        {"id": "fc_2", "type": "function_call", "status": "completed", "call_id": "call_0", "name": "f",
+         "arguments": '{"a": 1}'},
+    ]  # fmt: skip
+    assert out[2]["item"] == {
+        "id": "rs_0",
+        "type": "reasoning",
+        "summary": [],
+        "status": "in_progress",
+        "content": [],
+    }
+    assert out[17]["name"] == "f"
+    usage = ResponseUsage.model_validate(final["usage"])
+    assert (usage.input_tokens, usage.input_tokens_details.cached_tokens, usage.output_tokens) == (40, 17, 12)
+    assert (usage.output_tokens_details.reasoning_tokens, usage.total_tokens) == (5, 52)
+
+
+def test_created_events_carry_an_empty_in_progress_response() -> None:
+    _, out = run(to_events([], "stop"))
+    for e in out[:2]:
+        assert e["response"]["status"] == "in_progress" and e["response"]["output"] == []
+        assert e["response"]["usage"] is None
+    assert out[-1]["response"]["output"] == [] and out[-1]["type"] == "response.completed"
+
+
+def test_failure_closes_the_open_item_and_ends_with_failed() -> None:
+    seq = sequencer()
+    out = seq.start() + seq.feed(TextDelta("partial"))
+    out += seq.fail("request_cancelled: the request was cancelled")
+    check_lifecycle(out)
+    final = out[-1]["response"]
+    assert out[-1]["type"] == "response.failed" and final["status"] == "failed"
+    assert final["error"] == {
+        "code": "server_error",
+        "message": "request_cancelled: the request was cancelled",
+    }
+    assert final["output"][0]["status"] == "incomplete" and item_text(final["output"][0]) == "partial"
+    for e in out:
+        EVENT.validate_python(e)
+
+
+def test_settle_then_fail_replaces_the_terminal() -> None:
+    seq = sequencer()
+    out = seq.start() + seq.feed(TextDelta("x"))
+    out += seq.settle(Finished("stop", USAGE, "", "x", ()))
+    out += seq.fail("response_store_capacity_exceeded: too big")
+    check_lifecycle(out)
+    assert out[-1]["type"] == "response.failed" and out[-1]["response"]["output"][0]["status"] == "completed"
+
+
+def test_arguments_must_match_what_was_streamed() -> None:
+    seq = sequencer()
+    seq.start()
+    seq.feed(ToolCallStart(0, "call_0", "f"))
+    seq.feed(ToolCallArgumentsDelta(0, "{}"))
+    with pytest.raises(ValueError):
+        seq.feed(ToolCallEnd(0, '{"a": 1}'))
