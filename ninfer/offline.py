@@ -1,4 +1,4 @@
-"""Offline `LLM` for scripts, tests and benchmarks: full-forward logits and greedy generation."""
+"""Offline `LLM` for scripts, tests and benchmarks: full-forward logits and generation through the engine."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 class LLM:
-    """A model loaded from a `.ninfer` artifact (or given directly), run without the engine."""
+    """A model loaded from a `.ninfer` artifact (or given directly), for scripts, tests and benchmarks."""
 
     def __init__(
         self, artifact_path: str | Path, device: str = "cpu", dtype: str | torch.dtype = "float32"
@@ -70,6 +70,7 @@ class LLM:
         self.tokenizer = tokenizer
         self.device = model.embed_tokens.weight.device
         self.dtype = model.embed_tokens.weight.dtype
+        self._engine_obj: Any = None
 
     # ----- state for one sequence -----
     def _pools(self, total_tokens: int) -> tuple[KVPool, StatePool, list[int]]:
@@ -105,33 +106,113 @@ class LLM:
             return list(self.tokenizer.encode(prompt))
         return [int(t) for t in prompt]
 
-    @staticmethod
-    def _check_params(p: SamplingParams) -> None:
-        if p.temperature is None or p.temperature > 0:
-            raise ValueError(
-                f"the offline LLM only decodes greedily for now: pass temperature=0.0 (got {p.temperature!r})"
-            )
-        if p.stop:
-            raise ValueError("stop strings are not supported by the offline LLM yet")
-        if p.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
+    # ----- generation through the engine -----
+    def _engine(self, lanes: int, max_context: int) -> Any:
+        """The offline engine, rebuilt only when a call needs more lanes or a longer context."""
+        from ninfer.engine.config import EngineConfig
+        from ninfer.engine.engine import Engine
 
-    @torch.inference_mode()
+        cur = self._engine_obj
+        if cur is not None and cur.config.max_concurrency >= lanes and cur.config.max_context >= max_context:
+            return cur
+        self.close()
+        max_context = -(-max_context // PAGE_SIZE) * PAGE_SIZE
+        config = EngineConfig(
+            max_concurrency=lanes,
+            max_pending=64,
+            pending_timeout_ms=24 * 3600 * 1000,
+            prefill_chunk=PREFILL_CHUNK,
+            max_context=max_context,
+            kv_capacity=lanes * max_context,
+            device=str(self.device),
+            dtype=str(self.dtype).removeprefix("torch."),
+            vocab_limit=self.tokenizer.vocab_size if self.tokenizer is not None else None,
+        )
+        detok = None
+        if self.tokenizer is not None:
+            from ninfer.text.detok import IncrementalDetokenizer
+
+            tok = self.tokenizer
+            detok = lambda: IncrementalDetokenizer(tok)  # noqa: E731
+        self._engine_obj = Engine(self.model, config, detok).start()
+        return self._engine_obj
+
+    def close(self) -> None:
+        """Stop the offline engine thread (it is restarted on the next `generate`)."""
+        if self._engine_obj is not None:
+            self._engine_obj.shutdown(5.0)
+            self._engine_obj = None
+
     def generate(
         self,
         prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
         params: SamplingParams | None = None,
     ) -> list[GenerationOutput]:
-        """Greedy completion of each prompt (a string, or a list of token ids)."""
+        """Complete each prompt (a string, or a list of token ids) through the engine.
+
+        Prompts run together with continuous batching (up to 8 at once), with the engine's
+        sampling (greedy for `temperature=0.0`; `seed` makes sampling reproducible), stop ids
+        and strings, and prefix reuse across calls (`cached_tokens`). Unset sampling fields
+        mean neutral sampling (temperature 1, no top-k/top-p cut).
+        """
+        from ninfer.engine.api import GenerationRequest
+
         p = params or SamplingParams(temperature=0.0)
-        self._check_params(p)
+        batch = self._as_list(prompts)
+        ids = [self._encode(pr) for pr in batch]
+        if any(not x for x in ids):
+            raise ValueError("empty prompt")
+        max_tokens = p.max_tokens if p.max_tokens is not None else 16
+        engine = self._engine(min(8, len(ids)), max(len(x) for x in ids) + max_tokens)
+        handles = [
+            engine.submit(engine.reserve(), GenerationRequest(f"offline-{i}", tuple(x), p))
+            for i, x in enumerate(ids)
+        ]
+        outputs = []
+        for x, handle in zip(ids, handles, strict=True):
+            with handle:
+                tokens: list[int] = []
+                texts: list[str] = []
+                for out in handle:
+                    tokens.extend(out.token_ids)
+                    if out.text:
+                        texts.append(out.text)
+                    if out.finish_reason == "error":
+                        raise RuntimeError(f"generation failed: {out.error}")
+                text = "".join(texts) if self.tokenizer is not None else None
+                reason: FinishReason = out.finish_reason or "length"
+                outputs.append(
+                    GenerationOutput(tuple(x), tuple(tokens), text, reason, handle.stats.cached_tokens)
+                )
+        return outputs
+
+    # ----- the plain reference loop -----
+    def _as_list(self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]]) -> list[Any]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+            return [prompts]
+        return list(prompts)
+
+    @torch.inference_mode()
+    def generate_reference(
+        self,
+        prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
+        params: SamplingParams | None = None,
+    ) -> list[GenerationOutput]:
+        """Greedy completion, one sequence at a time, without the engine: the test oracle for it."""
+        p = params or SamplingParams(temperature=0.0)
+        if p.temperature is None or p.temperature > 0:
+            raise ValueError(
+                f"the reference loop decodes greedily: pass temperature=0.0 (got {p.temperature!r})"
+            )
+        if p.stop:
+            raise ValueError("the reference loop does not match stop strings")
+        if p.max_tokens is None or p.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
         if p.stop_token_ids is not None:
             stop_ids = set(p.stop_token_ids)
         else:
             stop_ids = set() if p.ignore_eos else set(self.config.eos_token_ids)
-        return [self._greedy(self._encode(pr), p, stop_ids) for pr in prompts]  # type: ignore[arg-type]
+        return [self._greedy(self._encode(pr), p, stop_ids) for pr in self._as_list(prompts)]
 
     def _greedy(self, prompt: list[int], p: SamplingParams, stop_ids: set[int]) -> GenerationOutput:
         if not prompt:

@@ -11,7 +11,7 @@ def test_engine_matches_plain_greedy_loop(small_model) -> None:
     ref = LLM.from_model(small_model)
     prompts = [[(i * 31 + s) % 500 + 1 for i in range(n)] for s, n in enumerate((7, 70, 150, 33))]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    want = [list(o.token_ids) for o in ref.generate(prompts, params)]
+    want = [list(o.token_ids) for o in ref.generate_reference(prompts, params)]
     eng = make_engine(small_model, max_concurrency=4, kv_capacity=1024, prefill_chunk=48)
     handles = [
         eng.submit(eng.reserve(), GenerationRequest(f"r{i}", tuple(p), params)) for i, p in enumerate(prompts)

@@ -119,10 +119,18 @@ def test_generate_stops_on_eos_and_rejects_sampling() -> None:
     llm = LLM.from_model(our_model(hf))
     prompt = list(range(10))
     first = llm.generate(prompt, SamplingParams(max_tokens=3, temperature=0.0))[0].token_ids
+    assert llm.generate_reference(prompt, SamplingParams(max_tokens=3, temperature=0.0))[0].token_ids == first
     out = llm.generate(prompt, SamplingParams(max_tokens=5, temperature=0.0, stop_token_ids=(first[1],)))[0]
     assert out.finish_reason == "stop" and out.token_ids == first[:2]
     with pytest.raises(ValueError, match="greedily"):
-        llm.generate(prompt, SamplingParams(max_tokens=3, temperature=0.7))
+        llm.generate_reference(prompt, SamplingParams(max_tokens=3, temperature=0.7))
+    # sampling runs through the engine: the same seed gives the same tokens
+    sampled = [
+        llm.generate(prompt, SamplingParams(max_tokens=6, temperature=0.7, seed=5, ignore_eos=True))[0]
+        for _ in range(2)
+    ]
+    assert sampled[0].token_ids == sampled[1].token_ids and len(sampled[0].token_ids) == 6
+    llm.close()
     logits = llm.logits(prompt)
     with torch.no_grad():
         ref = hf(torch.tensor([prompt])).logits[0]
