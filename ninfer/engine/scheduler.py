@@ -57,6 +57,7 @@ class Snapshot:
     total_pages: int
     idle_lanes: int
     resident_lanes: int
+    resident_pages: int  # pages held by idle lanes for prefix reuse (free + resident = total when idle)
 
 
 class Scheduler:
@@ -221,4 +222,5 @@ class Scheduler:
             total_pages=alloc.num_pages,
             idle_lanes=sum(1 for ln in self.cache.lanes if ln.active is None and not ln.resident),
             resident_lanes=len(self.cache.residents()),
+            resident_pages=sum(len(ln.pages) for ln in self.cache.residents()),
         )
