@@ -1,4 +1,4 @@
-"""`python -m ninfer.artifact {convert,inspect,verify,demo}`: every failure is one line on stderr."""
+"""`python -m ninfer.artifact {convert,inspect,verify,demo,lm-head-draft}`: every failure is one line on stderr."""
 
 from __future__ import annotations
 
@@ -78,6 +78,15 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--template", default=None, choices=("qwen3_6", "qwen3_5", "qwen3_8"),
                    help="official chat template to use (required when the checkpoint has none)")  # fmt: skip
     c.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    c.add_argument("--lm-head-draft-corpus", type=Path, default=None,
+                   help="also add the reduced-vocabulary proposal head built from this text corpus")  # fmt: skip
+    c.add_argument("--lm-head-draft-size", type=int, default=32768, help="ids in the proposal head")
+    h = sub.add_parser("lm-head-draft", help="add the reduced-vocabulary proposal head to an artifact")
+    h.add_argument("path", type=Path)
+    src = h.add_mutually_exclusive_group(required=True)
+    src.add_argument("--corpus", type=Path, help="UTF-8 text, tokenized with the artifact's tokenizer")
+    src.add_argument("--frequencies", type=Path, help="token counts: JSON {id: count} or 'ID COUNT' lines")
+    h.add_argument("--size", type=int, default=32768, help="number of token ids kept")
     i = sub.add_parser("inspect", help="print identity, components and config")
     i.add_argument("path", type=Path)
     v = sub.add_parser("verify", help="recompute digests and check shapes")
@@ -97,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
             return _inspect(args.path)
         if args.cmd == "verify":
             return _verify(args.path)
-        if args.cmd == "convert":
+        if args.cmd == "lm-head-draft":
+            from ninfer.artifact.lm_head_draft import add_lm_head_draft
+
+            out = add_lm_head_draft(args.path, args.size, corpus=args.corpus, frequencies=args.frequencies)
+        elif args.cmd == "convert":
             from ninfer.artifact.convert import convert
 
             out = convert(
@@ -108,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
                 template=args.template,
                 force=args.force,
             )
+            if args.lm_head_draft_corpus is not None:
+                from ninfer.artifact.lm_head_draft import add_lm_head_draft
+
+                add_lm_head_draft(out, args.lm_head_draft_size, corpus=args.lm_head_draft_corpus)
         else:
             from ninfer.artifact.demo import build_demo
 

@@ -1,0 +1,61 @@
+"""The reduced-vocabulary proposal head: draft logits over N frequent ids, -inf for every other id."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from ninfer.engine.api import EngineConfigError
+
+
+class DraftHead:
+    """Rows of lm_head for `token_ids`; `logits` maps them back onto the full vocabulary.
+
+    For greedy drafting the argmax over the reduced rows is the draft; for stochastic requests
+    the draft distribution is defined over the reduced ids and is zero elsewhere (rejection
+    sampling against the full-head target stays exact).
+    """
+
+    def __init__(self, token_ids: torch.Tensor, weight: torch.Tensor, vocab_size: int) -> None:
+        n = token_ids.shape[0]
+        if token_ids.dim() != 1 or weight.dim() != 2 or weight.shape[0] != n or n == 0:
+            raise EngineConfigError(
+                f"lm_head_draft: token_ids {tuple(token_ids.shape)} and weight {tuple(weight.shape)} "
+                "must be [N] and [N, H] with N > 0"
+            )
+        ids = token_ids.to(torch.int64)
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != n:
+            raise EngineConfigError(f"lm_head_draft: token_ids must be unique ids in [0, {vocab_size})")
+        self.token_ids = ids  # [N] int64
+        self.weight = weight  # [N, H]
+        self.vocab_size = vocab_size
+
+    @classmethod
+    def from_tensors(
+        cls,
+        tensors: Mapping[str, torch.Tensor],
+        vocab_size: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> DraftHead:
+        if set(tensors) != {"token_ids", "weight"}:
+            raise EngineConfigError(
+                f"lm_head_draft: expected tensors token_ids and weight, got {sorted(tensors)}"
+            )
+        w = tensors["weight"]
+        if w.dim() != 2 or w.shape[1] != hidden_size:
+            raise EngineConfigError(f"lm_head_draft: weight {tuple(w.shape)} is not [N, {hidden_size}]")
+        return cls(tensors["token_ids"].to(device), w.to(device=device, dtype=dtype), vocab_size)
+
+    @property
+    def size(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [B, H] -> float32 logits [B, V], -inf outside the reduced ids."""
+        small = (hidden @ self.weight.T).float()  # [B, N]
+        out = torch.full((hidden.shape[0], self.vocab_size), float("-inf"), device=hidden.device)
+        out[:, self.token_ids] = small
+        return out
