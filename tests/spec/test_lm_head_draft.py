@@ -12,18 +12,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
-from hf_fixtures import make_hf_checkpoint, read_hf_tensors  # noqa: E402
+from hf_fixtures import make_hf_checkpoint, read_hf_tensors
 
-from ninfer.artifact import ArtifactError, open_artifact  # noqa: E402
-from ninfer.artifact.cli import main as artifact_main  # noqa: E402
-from ninfer.artifact.convert import convert  # noqa: E402
-from ninfer.artifact.lm_head_draft import (  # noqa: E402
+from ninfer.artifact import ArtifactError, open_artifact
+from ninfer.artifact.cli import main as artifact_main
+from ninfer.artifact.convert import convert
+from ninfer.artifact.lm_head_draft import (
     add_lm_head_draft,
     corpus_frequencies,
     read_frequencies,
     select_ids,
 )
-from ninfer.engine.spec.draft_head import DraftHead  # noqa: E402
+from ninfer.engine.spec.draft_head import DraftHead
 
 
 @pytest.fixture(scope="module")
