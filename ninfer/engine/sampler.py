@@ -132,7 +132,7 @@ class RowSampler:
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         if p.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
+            sorted_p, order = torch.sort(probs, descending=True, stable=True)
             cum = torch.cumsum(sorted_p, dim=-1)
             drop_sorted = (cum - sorted_p) >= p.top_p  # keep the smallest prefix reaching top_p
             drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
@@ -149,6 +149,94 @@ class RowSampler:
         return int(torch.multinomial(self.probs(logits), 1, generator=self.generator).item())
 
 
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on `device`: through pinned memory without waiting for the device."""
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _penalized(logits: torch.Tensor, samplers: list[RowSampler]) -> torch.Tensor:
+    """logits: [B, V] float32 -> the rows with `RowSampler.adjust` applied, in one scatter."""
+    rows: list[int] = []
+    ids: list[int] = []
+    vals: list[list[float]] = [[], [], []]  # count, frequency_penalty, presence_penalty
+    for i, s in enumerate(samplers):
+        p = s.params
+        if s.counts and (p.presence_penalty or p.frequency_penalty):
+            rows += [i] * len(s.counts)
+            ids += list(s.counts)
+            vals[0] += [float(c) for c in s.counts.values()]
+            vals[1] += [p.frequency_penalty] * len(s.counts)
+            vals[2] += [p.presence_penalty] * len(s.counts)
+    if not rows:
+        return logits
+    idx = _to(torch.tensor([rows, ids], dtype=torch.int64), logits.device)  # [2, N]
+    cnt, freq, pres = _to(torch.tensor(vals, dtype=logits.dtype), logits.device)  # 3 x [N]
+    out = logits.clone()
+    out[idx[0], idx[1]] -= cnt * freq + pres  # fp32, as adjust(): c * frequency + presence
+    return out
+
+
+def batch_probs(logits: torch.Tensor, samplers: list[RowSampler]) -> torch.Tensor:
+    """logits: [B, V] float32 (penalized) -> [B, V] unnormalized distributions, row i equal to
+    `samplers[i].probs(logits[i])`; rows of greedy samplers are computed at temperature 1."""
+    v = logits.shape[1]
+    ps = [s.params for s in samplers]
+    knobs = torch.tensor(
+        [
+            [p.temperature or 1.0 for p in ps],
+            [p.top_k if 0 < p.top_k < v else 0 for p in ps],
+            [p.top_p for p in ps],
+            [p.min_p for p in ps],
+        ],
+        dtype=logits.dtype,
+    )  # [4, B]; top_k <= 248320 is exact in float32
+    temp, top_k, top_p, min_p = _to(knobs, logits.device)[:, :, None]  # 4 x [B, 1]
+    x = logits / temp
+    kmax = max((p.top_k for p in ps if 0 < p.top_k < v), default=0)
+    if kmax:  # the k-th largest value of each row; rows without top-k keep everything
+        kth = torch.topk(x, kmax, dim=-1).values.gather(1, (top_k.long() - 1).clamp(min=0))  # [B, 1]
+        kth = torch.where(top_k > 0, kth, float("-inf"))
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if any(p.top_p < 1.0 for p in ps):
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        cum = torch.cumsum(sorted_p, dim=-1)
+        drop_sorted = ((cum - sorted_p) >= top_p) & (top_p < 1.0)
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+    if any(p.min_p > 0.0 for p in ps):
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+    return probs
+
+
 def sample_rows(logits: torch.Tensor, samplers: list[RowSampler]) -> list[int]:
-    """logits: [B, V] float32; row i is sampled by samplers[i] alone."""
-    return [s.sample(logits[i]) for i, s in enumerate(samplers)]
+    """logits: [B, V] float32; row i is sampled by samplers[i] alone.
+
+    Same tokens as `[s.sample(logits[i]) ...]`: greedy rows share one argmax; stochastic rows
+    draw `argmax(probs / Exp(1))` from their own generator, which is exactly what
+    `torch.multinomial(probs, 1)` computes, without its per-row host check. The only host sync
+    is the final transfer of the tokens (and the validity flags multinomial would raise on).
+    """
+    b = logits.shape[0]
+    if b == 0:
+        return []
+    logits = _penalized(logits, samplers)
+    greedy_tok = torch.argmax(logits, dim=-1)  # [B]
+    stochastic = [i for i, s in enumerate(samplers) if s.params.temperature != 0.0]
+    if not stochastic:
+        return greedy_tok.tolist()
+    probs = batch_probs(logits, samplers)  # [B, V]
+    q = torch.ones_like(probs)
+    for i in stochastic:  # per-request generator: one launch per row, no sync
+        q[i].exponential_(1.0, generator=samplers[i].generator)
+    drawn = torch.argmax(probs / q, dim=-1)  # [B]
+    is_stoch = torch.zeros(b, dtype=torch.bool)
+    is_stoch[stochastic] = True
+    is_stoch = _to(is_stoch, logits.device)
+    bad = is_stoch & ~((probs.amax(dim=-1) < float("inf")) & (probs.amin(dim=-1) >= 0))  # [B]
+    out = torch.cat([torch.where(is_stoch, drawn, greedy_tok), bad.long()]).tolist()
+    if any(out[b:]):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    return out[:b]
