@@ -1,0 +1,83 @@
+"""Startup checks and construction of the speculative decoder from the engine's settings."""
+
+from __future__ import annotations
+
+import torch
+
+from ninfer.engine.api import EngineConfigError
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.slots import SlotLayout
+from ninfer.engine.spec.decoder import Drafter, SpecDecoder
+from ninfer.engine.spec.draft_head import DraftHead
+from ninfer.engine.spec.mtp import MTPDrafter
+from ninfer.engine.spec.oracle import OracleDrafter
+from ninfer.model.cache import KVPool, StatePool
+
+MTP_MAX_DRAFT = 5
+SNAPSHOT_SLOTS = 1  # per lane: the pre-verification copy of the live GDN state
+
+
+def check_spec(config: EngineConfig, model: torch.nn.Module, draft_head: DraftHead | None) -> None:
+    """The startup rejections: each one clear line, before anything is allocated."""
+    method = config.spec_method
+    if method is None:
+        if config.lm_head_draft or draft_head is not None:
+            raise EngineConfigError("lm_head_draft requires a speculative method (--spec mtp)")
+        if config.spec_oracle_wrong_fraction is not None:
+            raise EngineConfigError("spec_oracle_wrong_fraction requires a speculative method (--spec mtp)")
+        return
+    if method == "dflash":
+        raise EngineConfigError(
+            "spec.method=dflash is not available in this build (no DFlash drafter); use --spec mtp"
+        )
+    if method != "mtp":
+        raise EngineConfigError(f"unknown speculative method {method!r}; this build supports 'mtp'")
+    if not 1 <= config.draft_tokens <= MTP_MAX_DRAFT:
+        raise EngineConfigError(
+            f"draft_tokens must be in 1..{MTP_MAX_DRAFT} with spec mtp, got {config.draft_tokens}"
+        )
+    oracle = config.spec_oracle_wrong_fraction is not None
+    if not oracle and getattr(model, "mtp", None) is None:
+        raise EngineConfigError("spec.method=mtp: the model has no MTP head loaded (artifact without 'mtp')")
+    if config.lm_head_draft and draft_head is None:
+        raise EngineConfigError("lm_head_draft: the artifact has no 'lm_head_draft' component")
+    if draft_head is not None and not config.lm_head_draft:
+        raise EngineConfigError("a proposal head was given but lm_head_draft is off")
+
+
+def draft_slots(config: EngineConfig) -> int:
+    """GDN slots per lane reserved for speculation (none without --spec: residency is frozen)."""
+    return SNAPSHOT_SLOTS if config.spec_method is not None else 0
+
+
+def build_spec(
+    config: EngineConfig,
+    model: torch.nn.Module,
+    kv: KVPool,
+    states: StatePool,
+    layout: SlotLayout,
+    max_pages: int,
+    draft_head: DraftHead | None = None,
+) -> SpecDecoder | None:
+    """The decoder for `config.spec_method`, or None when speculation is off."""
+    check_spec(config, model, draft_head)
+    if config.spec_method is None:
+        return None
+    device, dtype = kv.device, kv.dtype
+
+    def snapshot(live_slot: int) -> int:
+        return layout.drafts(live_slot // layout.per_lane)[0]
+
+    drafter: Drafter
+    if config.spec_oracle_wrong_fraction is not None:
+        drafter = OracleDrafter(
+            model, kv, states, snapshot, max_pages, device,
+            config.spec_oracle_wrong_fraction, config.spec_oracle_seed, config.vocab_limit,
+        )  # fmt: skip
+    else:
+        drafter = MTPDrafter(
+            model, kv.num_pages, layout.num_slots, max_pages, dtype, device, draft_head, config.vocab_limit
+        )
+    return SpecDecoder(
+        model, kv, states, drafter, config.draft_tokens, snapshot, max_pages, device, config.vocab_limit
+    )

@@ -1,0 +1,48 @@
+"""Loads what `--spec` needs from the artifact, and nothing without it (residency is frozen at startup)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ninfer.engine.api import EngineConfigError
+from ninfer.engine.spec.draft_head import DraftHead
+
+DEFAULT_DRAFT_TOKENS = 3
+
+
+def spec_fields(spec: Any) -> dict[str, Any]:
+    """`SpecSettings` -> the EngineConfig speculative fields."""
+    if spec.method is None:
+        return {}
+    k = spec.draft_tokens if spec.draft_tokens is not None else DEFAULT_DRAFT_TOKENS
+    return {"spec_method": spec.method, "draft_tokens": k, "lm_head_draft": spec.lm_head_draft}
+
+
+def load_spec_weights(
+    spec: Any, artifact: Any, model: Any, dtype: torch.dtype, device: str | torch.device
+) -> DraftHead | None:
+    """Attach the MTP head to `model` (spec.method == "mtp") and load the proposal head if asked."""
+    if spec.method is None:
+        return None
+    if spec.method == "dflash":
+        raise EngineConfigError(
+            "spec.method=dflash is not available in this build (no DFlash drafter); use --spec mtp"
+        )
+    from ninfer.model.weights import load_mtp
+
+    if not artifact.has_component("mtp"):
+        raise EngineConfigError("spec.method=mtp: this artifact carries no MTP head")
+    load_mtp(artifact.config, artifact.load_tensors("mtp"), model, dtype, device)
+    if not spec.lm_head_draft:
+        return None
+    if not artifact.has_component("lm_head_draft"):
+        raise EngineConfigError(
+            "spec.lm_head_draft: this artifact has no 'lm_head_draft' component "
+            "(add one with `python -m ninfer.artifact lm-head-draft`)"
+        )
+    cfg = artifact.config
+    return DraftHead.from_tensors(
+        artifact.load_tensors("lm_head_draft"), cfg.vocab_size, cfg.hidden_size, dtype, device
+    )
