@@ -31,6 +31,7 @@ def engine_config(
         max_context=es.max_context,
         kv_capacity=settings.kv.capacity,
         no_prefix_reuse=es.no_prefix_reuse,
+        no_cuda_graph=es.no_cuda_graph,
         default_max_tokens=es.default_max_tokens,
         device=device,
         dtype=dtype,

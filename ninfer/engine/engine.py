@@ -74,7 +74,15 @@ class Engine:
         self.cache = PrefixCache(make_lanes(self.layout), self.allocator, enabled=not config.no_prefix_reuse)
         self.scheduler = Scheduler(self.cache, config.max_concurrency, config.prefill_chunk)
         self.runner = Runner(
-            model, self.kv, self.states, pages_for(config.max_context), self.device, config.vocab_limit
+            model,
+            self.kv,
+            self.states,
+            pages_for(config.max_context),
+            self.device,
+            config.vocab_limit,
+            max_batch=config.max_concurrency,
+            cuda_graphs=not config.no_cuda_graph,
+            compile=config.compile,
         )
         self.tickets = TicketBook(
             config.max_concurrency + config.max_pending, config.pending_timeout_ms / 1000
@@ -188,6 +196,7 @@ class Engine:
     # ----- engine thread -----
     def _loop(self) -> None:
         sched = self.scheduler
+        self.runner.prepare()  # CUDA graph capture, on this thread, before any sequence exists
         while True:
             with self._cv:
                 new, self._inbox = self._inbox, []

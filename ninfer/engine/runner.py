@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 
+from ninfer.engine.graphs import (
+    CaptureBackend,
+    CudaCapture,
+    DecodeGraphs,
+    GraphStats,
+    StepFn,
+    host_buffer,
+    pack,
+    packed_len,
+    unpack,
+)
 from ninfer.engine.plan import DecodePlan, PrefillPlan, SlotOp, StepPlan, StepResult
 from ninfer.engine.sampler import sample_rows
 from ninfer.model.cache import ForwardBatch, KVPool, StatePool
 
 
 class Runner:
-    """Builds `ForwardBatch`es, runs the model, samples.
+    """Builds `ForwardBatch`es (one host->device copy each), runs the model, samples.
 
     Shapes are static per batch size: the page table is always `max_pages` wide (the pages of
-    one max_context sequence), so decode batches can later be captured as CUDA graphs.
+    one max_context sequence). Decode batches of 1..max_batch rows replay CUDA graphs captured by
+    `prepare()` (before the first step) unless `cuda_graphs` is off or the device is the CPU;
+    `compile` runs the decode step through `torch.compile` (inductor, graph breaks allowed).
     """
 
     def __init__(
@@ -26,6 +40,11 @@ class Runner:
         max_pages: int,
         device: torch.device,
         vocab_limit: int | None = None,
+        *,
+        max_batch: int = 1,
+        cuda_graphs: bool = True,
+        compile: bool = False,
+        capture: CaptureBackend | None = None,
     ) -> None:
         self.model = model
         self.vocab_limit = vocab_limit
@@ -33,8 +52,47 @@ class Runner:
         self.states = states
         self.max_pages = max_pages
         self.device = device
+        self.max_batch = max_batch
+        # capture: None = CUDA graphs on a GPU; a backend is given by tests (e.g. EagerCapture)
+        if capture is None and device.type == "cuda":
+            capture = CudaCapture(device)
+        self._capture = capture if cuda_graphs else None
+        self._step = self._decode_logits
+        if compile:
+            self._step = _compiled(self._decode_logits, max_batch)
+        self.graphs: DecodeGraphs | None = None
+        self.graph_stats: GraphStats | None = None
+        self._prepared = False
+        self._steps = 0
+
+    def prepare(self) -> GraphStats | None:
+        """Capture the decode graphs; must run before the first step (warm-up writes scratch
+        state). Idempotent; a failed capture leaves decode eager and says why in `graph_stats`."""
+        if self._prepared:
+            return self.graph_stats
+        if self._steps:
+            raise RuntimeError("Runner.prepare() must run before the first step")
+        self._prepared = True
+        if self._capture is None:
+            return None
+        vocab = self.model.config.vocab_size
+        try:
+            graphs = DecodeGraphs(
+                self._step, self.max_batch, self.max_pages, vocab, self.device, self._capture
+            )
+        except Exception as exc:  # e.g. no memory left for the static logits buffer
+            self.graph_stats = GraphStats((), 0.0, 0, f"{type(exc).__name__}: {exc}"[:300])
+            return self.graph_stats
+        with torch.inference_mode():
+            self.graph_stats = graphs.capture()
+        if self.graph_stats.error is None:
+            self.graphs = graphs
+        return self.graph_stats
 
     def execute(self, plan: StepPlan) -> StepResult:
+        if not self._prepared:
+            self.prepare()
+        self._steps += 1
         t0 = time.perf_counter()
         with torch.inference_mode():
             if isinstance(plan, PrefillPlan):
@@ -53,23 +111,25 @@ class Runner:
             else:
                 self.states.copy_slot(op.src, op.dst)
 
+    def _pack(
+        self,
+        tokens: list[list[int]],
+        starts: Sequence[int],
+        slots: Sequence[int],
+        pages: Sequence[Sequence[int]],
+    ) -> torch.Tensor:
+        """The batch as one flat int64 host buffer (pinned for a GPU)."""
+        words = packed_len(len(tokens), len(tokens[0]), self.max_pages)
+        return pack(host_buffer(words, self.device), tokens, starts, slots, pages, self.max_pages)
+
     def _batch(
         self, tokens: list[list[int]], starts: list[int], slots: list[int], pages: list[list[int]]
     ) -> ForwardBatch:
+        """An eager batch: one host->device copy; attention may stop at the longest sequence."""
+        host = self._pack(tokens, starts, slots, pages)
+        flat = host.to(self.device, non_blocking=True)
         b, q = len(tokens), len(tokens[0])
-        dev = self.device
-        table = torch.full((b, self.max_pages), -1, dtype=torch.int32)  # [B, max_pages]
-        for i, p in enumerate(pages):
-            table[i, : len(p)] = torch.tensor(p, dtype=torch.int32)
-        lens = torch.tensor(starts, dtype=torch.int64)  # [B]
-        pos = (lens[:, None] + torch.arange(q)).unsqueeze(0).expand(3, b, q)  # [3, B, q]
-        return ForwardBatch(
-            input_ids=torch.tensor(tokens, dtype=torch.int64).to(dev),  # [B, q]
-            positions=pos.contiguous().to(dev),
-            slots=torch.tensor(slots, dtype=torch.int64).to(dev),  # [B]
-            page_table=table.to(dev),
-            cache_lens=lens.to(dev),
-        )
+        return unpack(flat, b, q, self.max_pages, max_kv_len=max(starts) + q)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [B, H] -> float32 logits [B, V] with the padded ids (>= vocab_limit) at -inf."""
@@ -77,6 +137,11 @@ class Runner:
         if self.vocab_limit is not None and self.vocab_limit < logits.shape[-1]:
             logits[..., self.vocab_limit :] = float("-inf")
         return logits
+
+    def _decode_logits(self, batch: ForwardBatch) -> torch.Tensor:
+        """The whole decode step: model, final norm, lm_head, masking. -> float32 [B, V]"""
+        hidden = self.model(batch, self.kv, self.states)  # [B, 1, H]
+        return self._logits(hidden[:, -1])
 
     def _prefill(self, plan: PrefillPlan) -> StepResult:
         self._slot_ops(plan.ops_before)
@@ -90,13 +155,20 @@ class Runner:
 
     def _decode(self, plan: DecodePlan) -> StepResult:
         rows = plan.rows
-        batch = self._batch(
-            [[r.token] for r in rows],
-            [r.position for r in rows],
-            [r.slot for r in rows],
-            [r.pages for r in rows],
-        )
-        hidden = self.model(batch, self.kv, self.states)  # [B, 1, H]
-        logits = self._logits(hidden[:, -1])  # [B, V] float32
-        tokens = sample_rows(logits, [r.sampler for r in rows])
-        return StepResult(seq_ids=[r.seq_id for r in rows], tokens=tokens)
+        b = len(rows)
+        tokens = [[r.token] for r in rows]
+        starts, slots, pages = [r.position for r in rows], [r.slot for r in rows], [r.pages for r in rows]
+        if self.graphs is not None and self.graphs.has(b):
+            logits = self.graphs.run(self._pack(tokens, starts, slots, pages), b)  # [B, V] float32
+        else:
+            logits = self._step(self._batch(tokens, starts, slots, pages))
+        out = sample_rows(logits, [r.sampler for r in rows])
+        return StepResult(seq_ids=[r.seq_id for r in rows], tokens=out)
+
+
+def _compiled(fn: StepFn, max_batch: int) -> StepFn:
+    """`torch.compile` of the decode step: one static-shape graph per batch size."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, max_batch + 2)
+    return torch.compile(fn, dynamic=False, fullgraph=False)

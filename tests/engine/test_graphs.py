@@ -1,0 +1,161 @@
+"""Decode-graph bookkeeping on the CPU: packed one-copy batches, per-size capture, replay through the
+static buffers (an eager stand-in for CUDA graphs), fallback on capture failure, `no_cuda_graph`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+import torch
+
+from ninfer.engine.api import GenerationRequest, SamplingParams
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.engine import Engine
+from ninfer.engine.graphs import DecodeGraphs, EagerCapture, pack, packed_len, unpack
+from ninfer.engine.plan import DecodePlan, DecodeRow, PrefillPlan
+from ninfer.engine.runner import Runner
+from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
+from ninfer.model.cache import PAGE_SIZE, KVPool, StatePool, make_batch
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(("b", "q", "max_pages"), [(1, 1, 1), (3, 1, 5), (2, 7, 4), (5, 1, 8)])
+def test_pack_unpack_equals_make_batch(b: int, q: int, max_pages: int) -> None:
+    g = torch.Generator().manual_seed(b * 100 + q)
+    pages = [torch.randperm(50, generator=g)[: 1 + i % max_pages].tolist() for i in range(b)]
+    starts = [len(p) * PAGE_SIZE - q - i % 3 for i, p in enumerate(pages)]
+    tokens = torch.randint(0, 1000, (b, q), generator=g).tolist()
+    slots = torch.randperm(20, generator=g)[:b].tolist()
+    flat = torch.full((packed_len(b, q, max_pages),), 12345, dtype=torch.int64)
+    got = unpack(pack(flat, tokens, starts, slots, pages, max_pages), b, q, max_pages, max_kv_len=77)
+    want = make_batch(tokens, starts, slots, pages, max_pages)
+    for name in ("input_ids", "positions", "slots", "page_table", "cache_lens"):
+        a, w = getattr(got, name), getattr(want, name)
+        assert a.dtype == w.dtype and torch.equal(a, w), name
+    assert got.max_kv_len == 77
+    got.validate()
+    with pytest.raises(ValueError, match="max_pages"):
+        pack(flat, tokens, starts, slots, [[0] * (max_pages + 1)] * b, max_pages)
+
+
+def _pools(model, pages: int = 16, slots: int = 8) -> tuple[KVPool, StatePool]:
+    cfg = model.config
+    return KVPool.for_config(cfg, pages, torch.float32, CPU), StatePool.for_config(
+        cfg, slots, torch.float32, CPU
+    )
+
+
+def test_graphs_capture_every_size_largest_first_and_replay_through_static_buffers(small_model) -> None:
+    kv, st = _pools(small_model)
+    seen: list[tuple[int, torch.Tensor]] = []
+
+    def step(batch):
+        seen.append((batch.input_ids.shape[0], batch.input_ids.data_ptr()))
+        assert batch.max_kv_len is None  # graphs attend over the full static page-table width
+        return small_model.logits(small_model(batch, kv, st)[:, -1])
+
+    backend = EagerCapture()
+    graphs = DecodeGraphs(step, 4, 3, small_model.config.vocab_size, CPU, backend)
+    stats = graphs.capture()
+    assert backend.captured == [4, 3, 2, 1] and stats.batch_sizes == (1, 2, 3, 4) and stats.error is None
+    assert all(graphs.has(b) for b in (1, 2, 3, 4)) and not graphs.has(5)
+    # replay: the packed input lands in the static buffer the captured step reads
+    tokens, starts, slots, pages = [[5], [9]], [3, 70], [6, 2], [[4], [7, 8]]
+    host = pack(torch.empty(packed_len(2, 1, 3), dtype=torch.int64), tokens, starts, slots, pages, 3)
+    want_kv, want_st = _pools(small_model)
+    for src, dst in ((kv.k, want_kv.k), (kv.v, want_kv.v), (st.conv, want_st.conv), (st.ssm, want_st.ssm)):
+        for a, w in zip(src, dst, strict=True):
+            w.copy_(a)
+    ref = small_model.logits(
+        small_model(make_batch(tokens, starts, slots, pages, 3), want_kv, want_st)[:, -1]
+    )
+    out = graphs.run(host, 2)
+    assert torch.equal(graphs.static[2], host)
+    assert seen[-1] == (2, graphs.static[2].data_ptr())
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert out.data_ptr() == graphs.logits.data_ptr()
+    for a, w in zip(st.ssm, want_st.ssm, strict=True):  # the replay wrote the same GDN state
+        torch.testing.assert_close(a, w, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="batch sizes"):
+        graphs.capture([5])
+
+
+class _FailingCapture(EagerCapture):
+    def capture(self, fn: Callable[[], None], pool: object) -> Callable[[], None]:
+        if len(self.captured) == 1:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return super().capture(fn, pool)
+
+
+def _runner(model, **kw) -> Runner:
+    kv, st = _pools(model)
+    return Runner(model, kv, st, 4, CPU, None, max_batch=3, **kw)
+
+
+def _greedy() -> RowSampler:
+    return RowSampler(resolve_sampling(SamplingParams(temperature=0.0), None, SamplingOverrides()))
+
+
+def test_runner_graph_switches_and_fallback(small_model) -> None:
+    assert _runner(small_model).prepare() is None  # CPU: nothing is captured by default
+    backend = EagerCapture()
+    off = _runner(small_model, cuda_graphs=False, capture=backend)
+    assert off.prepare() is None and off.graphs is None and backend.captured == []
+    failing = _runner(small_model, capture=_FailingCapture())
+    stats = failing.prepare()
+    assert failing.graphs is None and stats is not None and "stream is capturing" in (stats.error or "")
+    on = _runner(small_model, capture=EagerCapture())
+    assert on.prepare().batch_sizes == (1, 2, 3) and on.graphs is not None
+    assert on.prepare() is on.graph_stats  # idempotent
+    for r in (failing, on):  # a prefill then a decode step run on both (eager fallback / replay)
+        r.execute(PrefillPlan(seq_id=1, tokens=[3, 4, 5], start=0, slot=0, pages=[1], sampler=_greedy()))
+        r.execute(DecodePlan([DecodeRow(1, 7, 3, 0, [1], _greedy())]))
+    late = _runner(small_model, capture=EagerCapture())
+    late._prepared = False
+    late.execute(PrefillPlan(seq_id=1, tokens=[3], start=0, slot=0, pages=[1]))
+    with pytest.raises(RuntimeError, match="before the first step"):
+        late._prepared = False
+        late.prepare()
+
+
+def _generate(engine: Engine, prompts: list[tuple[int, ...]], **params) -> list[list[int]]:
+    handles = []
+    for i, p in enumerate(prompts):
+        req = GenerationRequest(
+            f"g{i}", p, SamplingParams(max_tokens=12, seed=40 + i, ignore_eos=True, **params)
+        )
+        handles.append(engine.submit(engine.reserve(), req))
+    out = []
+    for h in handles:
+        tokens, _ = h.result(120.0)
+        h.close()
+        out.append(list(tokens))
+    return out
+
+
+@pytest.mark.parametrize("params", [{"temperature": 0.0}, {"temperature": 1.0, "top_k": 20}])
+def test_engine_tokens_with_replayed_graphs_equal_eager(small_model, params) -> None:
+    cfg = EngineConfig(max_concurrency=4, max_pending=8, max_context=256, prefill_chunk=64)
+    prompts = [tuple((i * 31 + j * 7) % 500 + 1 for j in range(n)) for i, n in enumerate((5, 70, 33, 130, 9))]
+    eager = Engine(small_model, replace(cfg, no_cuda_graph=True)).start()
+    want = _generate(eager, prompts, **params)
+    eager.shutdown()
+    engine = Engine(small_model, cfg)
+    backend = EagerCapture()
+    engine.runner = Runner(
+        small_model,
+        engine.kv,
+        engine.states,
+        engine.runner.max_pages,
+        CPU,
+        None,
+        max_batch=4,
+        capture=backend,
+    )
+    engine.start()
+    got = _generate(engine, prompts, **params)
+    engine.shutdown()
+    assert backend.captured == [4, 3, 2, 1]
+    assert got == want
