@@ -1,0 +1,87 @@
+"""Persistent compile caches: Inductor and Triton kernels kept under compile_cache/ between starts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("ninfer.service.compile_cache")
+
+ENV_ROOT = "NINFER_COMPILE_CACHE"  # overrides the default <repository>/compile_cache
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "compile_cache"
+
+
+def count_files(path: Path) -> int:
+    """Regular files below `path` (0 when it does not exist)."""
+    return sum(len(files) for _, _, files in os.walk(path))
+
+
+@dataclass
+class CompileCache:
+    """Where the caches live and what was there at start (files present = possible cache hits)."""
+
+    root: Path
+    inductor_dir: Path
+    triton_dir: Path
+    inductor_files_at_start: int
+    triton_files_at_start: int
+    t_start: float = field(default_factory=time.perf_counter)
+
+    @property
+    def warm(self) -> bool:
+        return self.inductor_files_at_start + self.triton_files_at_start > 0
+
+    def report(self, compile_s: float | None = None) -> dict[str, object]:
+        """Files present before start and compiled since; `compile_s` is the caller's measured
+        warm-up / capture time (default: seconds since `setup_compile_cache`). Logged as one line."""
+        ind, tri = count_files(self.inductor_dir), count_files(self.triton_dir)
+        seconds = time.perf_counter() - self.t_start if compile_s is None else compile_s
+        out: dict[str, object] = {
+            "root": str(self.root),
+            "warm_at_start": self.warm,
+            "inductor_files_at_start": self.inductor_files_at_start,
+            "triton_files_at_start": self.triton_files_at_start,
+            "inductor_files_new": ind - self.inductor_files_at_start,
+            "triton_files_new": tri - self.triton_files_at_start,
+            "compile_s": round(seconds, 3),
+        }
+        log.info(
+            "compile cache %s: %d inductor + %d triton files present at start, %d + %d compiled now, %.1f s",
+            self.root,
+            self.inductor_files_at_start,
+            self.triton_files_at_start,
+            out["inductor_files_new"],
+            out["triton_files_new"],
+            seconds,
+        )
+        return out
+
+
+def setup_compile_cache(root: str | Path | None = None) -> CompileCache:
+    """Point TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR at <root>/inductor and <root>/triton.
+
+    root: argument, else $NINFER_COMPILE_CACHE, else <repository>/compile_cache. Call before
+    anything compiles (Triton JIT, fla autotuning, torch.compile); both libraries read the
+    variables when they first need a cache directory. The caches are only valid for the same
+    torch, Triton, CUDA and GPU; the libraries key their entries on those and recompile otherwise.
+    """
+    base = Path(root if root is not None else os.environ.get(ENV_ROOT) or DEFAULT_ROOT).resolve()
+    inductor, triton = base / "inductor", base / "triton"
+    for d in (inductor, triton):
+        d.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(inductor)
+    os.environ["TRITON_CACHE_DIR"] = str(triton)
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+    cache = CompileCache(base, inductor, triton, count_files(inductor), count_files(triton))
+    log.info(
+        "compile cache %s (%s): %d inductor, %d triton files present",
+        base,
+        "warm" if cache.warm else "cold",
+        cache.inductor_files_at_start,
+        cache.triton_files_at_start,
+    )
+    return cache
