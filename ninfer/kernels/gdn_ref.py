@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -41,14 +43,26 @@ def recurrent_gated_delta_rule(
     initial_state: [B, nv, dk, dv] or None (zeros).
     returns o: [B, T, nv, dv] in v's dtype, final_state: [B, nv, dk, dv] float32.
     """
+    b, _, nv, dv = v.shape
+    if initial_state is None:
+        initial_state = torch.zeros(b, nv, k.shape[-1], dv, dtype=torch.float32, device=v.device)
+    return _recurrence(q, k, v, g, beta, initial_state)
+
+
+def _recurrence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    on_state: Callable[[int, torch.Tensor], None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-token loop; `on_state(t, S)` sees the fp32 state [B, nv, dk, dv] after token t."""
     out_dtype = v.dtype
     q, k, v, g, beta = _prepare(q, k, v, g, beta)
-    b, h, t, dk = k.shape
-    dv = v.shape[-1]
-    if initial_state is None:
-        s = torch.zeros(b, h, dk, dv, dtype=torch.float32, device=v.device)
-    else:
-        s = initial_state.to(torch.float32)
+    t = k.shape[2]
+    s = state.to(torch.float32)
     outs = []
     for i in range(t):
         s = s * g[:, :, i].exp()[..., None, None]
@@ -57,8 +71,54 @@ def recurrent_gated_delta_rule(
         delta = (v[:, :, i] - pred) * beta[:, :, i].unsqueeze(-1)
         s = s + k_t.unsqueeze(-1) * delta.unsqueeze(-2)
         outs.append((s * q[:, :, i].unsqueeze(-1)).sum(-2))
+        if on_state is not None:
+            on_state(i, s)
     o = torch.stack(outs, dim=2)  # [B, nv, T, dv]
     return o.transpose(1, 2).contiguous().to(out_dtype), s
+
+
+def gdn_gates(
+    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3.5 gating from the raw projections a, b [..., nv]: g = -exp(A_log)·softplus(a + dt_bias)
+    in fp32 (log decay, <= 0) and beta = sigmoid(b) in b's dtype (the rounding transformers applies)."""
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    return g, b.sigmoid()
+
+
+def gdn_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    ssm_pool: torch.Tensor,
+    slot_idx: torch.Tensor,
+    start_slot: torch.Tensor,
+) -> torch.Tensor:
+    """Gated delta rule over T tokens per sequence with the state read from and written to a slot pool.
+
+    q, k: [N, T, nk, dk]; v: [N, T, nv, dv]; a, b: [N, T, nv] raw gate projections (see `gdn_gates`);
+    A_log, dt_bias: [nv]; ssm_pool: [num_slots, nv, dk, dv] (fp32), updated in place;
+    slot_idx: [N, T] int, the slot that receives the state after token t (< 0: not stored);
+    start_slot: [N] int, the slot the initial state is read from (< 0: padding row: output zeros,
+    nothing written). All reads happen before any write, so a row may overwrite its start slot.
+    Slots written by different rows must differ. returns o: [N, T, nv, dv] in v's dtype.
+    The torch reference synchronises with the device on the write masks; the Triton op does not.
+    """
+    g, beta = gdn_gates(a, b, A_log, dt_bias)
+    valid = start_slot >= 0  # [N]
+    s0 = ssm_pool.index_select(0, start_slot.clamp(min=0)).float()
+    s0 = torch.where(valid[:, None, None, None], s0, 0.0)  # [N, nv, dk, dv]
+
+    def store(t: int, s: torch.Tensor) -> None:
+        keep = (slot_idx[:, t] >= 0) & valid
+        ssm_pool[slot_idx[keep, t]] = s[keep].to(ssm_pool.dtype)
+
+    o, _ = _recurrence(q, k, v, g, beta, s0, store)
+    return torch.where(valid[:, None, None, None], o, 0.0)
 
 
 def chunk_gated_delta_rule(

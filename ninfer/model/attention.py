@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ninfer.kernels.dispatch import Ops
-from ninfer.model.cache import ForwardBatch
+from ninfer.model.cache import ForwardBatch, KVLayer
 from ninfer.model.config import TextConfig
 from ninfer.model.norms import RMSNorm1p
 from ninfer.model.rope import apply_rope
@@ -33,11 +33,10 @@ class GatedAttention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
+        kv: KVLayer,
         batch: ForwardBatch,
     ) -> torch.Tensor:
-        """x: [B, q, H] (normed); cos/sin: [B, q, rot]; pools: [P, 64, nkv, hd]. -> [B, q, H]"""
+        """x: [B, q, H] (normed); cos/sin: [B, q, rot]; kv pools: [P, 64, nkv, hd]. -> [B, q, H]"""
         b, q, _ = x.shape
         qg = self.q_proj(x).view(b, q, self.nh, 2 * self.hd)
         qh, gate = qg[..., : self.hd], qg[..., self.hd :]
@@ -45,9 +44,19 @@ class GatedAttention(nn.Module):
         qh = apply_rope(self.q_norm(qh), cos, sin)  # [B, q, nh, hd]
         kh = apply_rope(self.k_norm(self.k_proj(x).view(b, q, self.nkv, self.hd)), cos, sin)
         vh = self.v_proj(x).view(b, q, self.nkv, self.hd)
-        self.ops.write_kv(k_pool, v_pool, kh, vh, batch.page_table, batch.cache_lens)
+        self.ops.write_kv(
+            kv.k, kv.v, kh, vh, batch.page_table, batch.cache_lens, k_scale=kv.k_scale, v_scale=kv.v_scale
+        )
         o = self.ops.paged_attention(
-            qh, k_pool, v_pool, batch.page_table, batch.cache_lens, self.scale, batch.max_kv_len
+            qh,
+            kv.k,
+            kv.v,
+            batch.page_table,
+            batch.cache_lens,
+            self.scale,
+            batch.max_kv_len,
+            k_scale=kv.k_scale,
+            v_scale=kv.v_scale,
         )
         o = o.reshape(b, q, self.nh * self.hd) * torch.sigmoid(gate)
         return self.o_proj(o)

@@ -18,8 +18,32 @@ def _need(name: str, value: int | None) -> int:
     return int(value)
 
 
+KV_DTYPES: dict[str, torch.dtype] = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+    "int8": torch.int8,
+}
+
+
+@dataclass(frozen=True)
+class KVLayer:
+    """One attention layer's pages: k, v [num_pages, page, nkv, hd]; int8 pools also carry the
+    per-token per-head dequantisation scales k_scale, v_scale [num_pages, page, nkv] (fp32)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+
+
 class KVPool:
-    """Paged K/V for the full-attention layers: k[a], v[a] are [num_pages, page_size, nkv, hd]."""
+    """Paged K/V for the full-attention layers: k[a], v[a] are [num_pages, page_size, nkv, hd].
+
+    dtype torch.int8 stores symmetric int8 K/V with fp32 scales k_scale[a], v_scale[a]
+    [num_pages, page_size, nkv] (quantised on write, dequantised by attention); float dtypes
+    have k_scale = v_scale = [].
+    """
 
     def __init__(
         self,
@@ -39,6 +63,9 @@ class KVPool:
         # zero-filled: masked-out keys of a gathered page must hold finite values
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers_attn)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers_attn)]
+        scales = shape[:3] if dtype == torch.int8 else None
+        self.k_scale = [torch.zeros(scales, device=device) for _ in range(num_layers_attn)] if scales else []
+        self.v_scale = [torch.zeros(scales, device=device) for _ in range(num_layers_attn)] if scales else []
 
     @classmethod
     def for_config(
@@ -48,14 +75,43 @@ class KVPool:
         dtype: torch.dtype,
         device: torch.device | str,
         num_layers: int | None = None,
+        kv_dtype: str | None = None,
     ) -> KVPool:
-        """A pool for the trunk's attention layers (or `num_layers`, e.g. 1 for the MTP head)."""
+        """A pool for the trunk's attention layers (or `num_layers`, e.g. 1 for the MTP head).
+
+        kv_dtype: None = the model dtype `dtype`, else one of KV_DTYPES ("bf16", "fp16", "fp32", "int8").
+        """
         n = len(config.attention_layers) if num_layers is None else num_layers
-        return cls(n, num_pages, PAGE_SIZE, config.num_key_value_heads, config.head_dim, dtype, device)
+        store = dtype if kv_dtype is None else kv_storage_dtype(kv_dtype)
+        return cls(n, num_pages, PAGE_SIZE, config.num_key_value_heads, config.head_dim, store, device)
+
+    @staticmethod
+    def bytes_per_token(config: TextConfig, kv_dtype: torch.dtype, num_layers: int | None = None) -> int:
+        """Bytes of K and V (and int8 scales) one token takes over the attention layers."""
+        n = len(config.attention_layers) if num_layers is None else num_layers
+        per_head = config.head_dim * kv_dtype.itemsize + (4 if kv_dtype == torch.int8 else 0)
+        return 2 * n * config.num_key_value_heads * per_head
 
     @property
     def num_layers(self) -> int:
         return len(self.k)
+
+    @property
+    def quantized(self) -> bool:
+        return self.dtype == torch.int8
+
+    def layer(self, a: int) -> KVLayer:
+        """The a-th attention layer's pages (and scales for int8)."""
+        if self.quantized:
+            return KVLayer(self.k[a], self.v[a], self.k_scale[a], self.v_scale[a])
+        return KVLayer(self.k[a], self.v[a])
+
+
+def kv_storage_dtype(kv_dtype: str) -> torch.dtype:
+    """ "bf16" | "fp16" | "fp32" | "int8" -> the pool's torch dtype."""
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"unknown kv_dtype {kv_dtype!r}; valid: {sorted(KV_DTYPES)}")
+    return KV_DTYPES[kv_dtype]
 
 
 class StatePool:
@@ -131,6 +187,11 @@ class ForwardBatch:
     # host-side bound on cache_lens + q (the scheduler knows it without a device sync); lets
     # attention skip unused pages. None = attend over the whole page table width (static shapes).
     max_kv_len: int | None = None
+    # [B, q] int64 or None. Given: the GDN state (conv window and recurrent state) after token t
+    # is written to slot write_slots[b, t] (< 0: not stored) and `slots` is only read (speculative
+    # verification: continue later from the slot of the last accepted token). None: the state
+    # after the last token overwrites `slots`. A row whose `slots` entry is < 0 is padding.
+    write_slots: torch.Tensor | None = None
 
     def validate(self) -> None:
         b, q = self.input_ids.shape
@@ -140,6 +201,18 @@ class ForwardBatch:
             raise ValueError("slots and cache_lens must be [B]")
         if self.page_table.dim() != 2 or self.page_table.shape[0] != b:
             raise ValueError(f"page_table must be [B, max_pages], got {tuple(self.page_table.shape)}")
+        if self.write_slots is not None and tuple(self.write_slots.shape) != (b, q):
+            raise ValueError(f"write_slots must be [B, q] = {(b, q)}, got {tuple(self.write_slots.shape)}")
+
+    def gdn_write_slots(self) -> torch.Tensor:
+        """[B, q] slot receiving the GDN state after each token: `write_slots`, or -1 except the last
+        column = `slots` (device ops only, no sync)."""
+        if self.write_slots is not None:
+            return self.write_slots
+        b, q = self.input_ids.shape
+        writes = torch.full((b, q), -1, dtype=self.slots.dtype, device=self.slots.device)
+        writes[:, -1] = self.slots
+        return writes
 
 
 def make_batch(
@@ -150,10 +223,12 @@ def make_batch(
     max_pages: int | None = None,
     device: torch.device | str = "cpu",
     positions: torch.Tensor | None = None,
+    write_slots: Sequence[Sequence[int]] | None = None,
 ) -> ForwardBatch:
     """Build a text `ForwardBatch` (all position streams = cache_len + i) from Python lists.
 
-    Every row of `tokens` must have the same length q. Page tables are right-padded with -1 to
+    Every row of `tokens` must have the same length q; `write_slots` (B rows of q slots) asks for
+    per-token GDN state writes (see `ForwardBatch.write_slots`). Page tables are right-padded with -1 to
     `max_pages` (default: the longest). Raises if a sequence's pages cannot hold cache_len + q.
     """
     ids = torch.as_tensor(tokens, dtype=torch.int64, device=device)
@@ -181,6 +256,9 @@ def make_batch(
         page_table=table.to(device),
         cache_lens=lens,
         max_kv_len=max(cache_lens) + q,
+        write_slots=None
+        if write_slots is None
+        else torch.as_tensor(write_slots, dtype=torch.int64, device=device).reshape(b, q),
     )
     batch.validate()
     return batch

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ninfer.kernels.dispatch import Ops
+from ninfer.kernels.gdn_ref import gdn_gates
 from ninfer.model.config import TextConfig
 from ninfer.model.norms import GatedRMSNorm
+
+# calls with at most this many tokens per sequence (decode, speculative verify) run the in-place
+# per-token step ops on the slot pools; longer ones (prefill) the chunked rule
+STEP_MAX_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class GDNSlots:
+    """Where each sequence's GDN state is read and written in this call."""
+
+    start: torch.Tensor  # [B] int64, slot read (< 0: padding row)
+    writes: torch.Tensor  # [B, q] int64, slot receiving the state after token t (< 0: not stored)
+    per_token: bool  # True when the caller asked for intermediate states (forces the step path)
 
 
 class GatedDeltaNet(nn.Module):
@@ -33,31 +48,63 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(self.value_dim, h, bias=False)
 
     def forward(
-        self, x: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, slots: torch.Tensor
+        self, x: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, slots: GDNSlots
     ) -> torch.Tensor:
-        """x: [B, q, H] (normed); conv_pool: [S, C, K-1]; ssm_pool: [S, nv, dk, dv] fp32; slots: [B]."""
+        """x: [B, q, H] (normed); conv_pool: [S, C, K-1]; ssm_pool: [S, nv, dk, dv] fp32."""
         b, q, _ = x.shape
         qkv = self.in_proj_qkv(x)  # [B, q, C] flat [q | k | v]
         z = self.in_proj_z(x).reshape(b, q, self.nv, self.dv)
-        beta = self.in_proj_b(x).sigmoid()  # [B, q, nv] model dtype
-        a = self.in_proj_a(x)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # [B, q, nv] fp32, <= 0
-
-        conv_state = conv_pool.index_select(0, slots)  # [B, C, K-1]
-        qkv, new_conv = self.ops.causal_conv1d_with_state(qkv, self.conv1d.weight, conv_state)
-        conv_pool.index_copy_(0, slots, new_conv)
-
-        qh, kh, vh = torch.split(qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        qh = qh.reshape(b, q, self.nk, self.dk)
-        kh = kh.reshape(b, q, self.nk, self.dk)
-        vh = vh.reshape(b, q, self.nv, self.dv)
-
-        state = ssm_pool.index_select(0, slots)  # [B, nv, dk, dv] fp32
-        if q == 1:
-            o, new_state = self.ops.recurrent_gated_delta_rule(qh, kh, vh, g, beta, state)
+        b_raw = self.in_proj_b(x)  # [B, q, nv] model dtype
+        a_raw = self.in_proj_a(x)
+        if q <= STEP_MAX_TOKENS or slots.per_token:
+            o = self._step(qkv, a_raw, b_raw, conv_pool, ssm_pool, slots)
         else:
-            o, new_state = self.ops.chunk_gated_delta_rule(qh, kh, vh, g, beta, state)
-        ssm_pool.index_copy_(0, slots, new_state.to(ssm_pool.dtype))
-
+            o = self._chunked(qkv, a_raw, b_raw, conv_pool, ssm_pool, slots.start)
         y = self.norm(o, z).reshape(b, q, self.value_dim)  # o: [B, q, nv, dv] model dtype
         return self.out_proj(y)
+
+    def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[B, q, C] -> q, k [B, q, nk, dk], v [B, q, nv, dv] (views)."""
+        b, q, _ = qkv.shape
+        qh, kh, vh = torch.split(qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        return (
+            qh.reshape(b, q, self.nk, self.dk),
+            kh.reshape(b, q, self.nk, self.dk),
+            vh.reshape(b, q, self.nv, self.dv),
+        )
+
+    def _step(
+        self,
+        qkv: torch.Tensor,
+        a_raw: torch.Tensor,
+        b_raw: torch.Tensor,
+        conv_pool: torch.Tensor,
+        ssm_pool: torch.Tensor,
+        slots: GDNSlots,
+    ) -> torch.Tensor:
+        """In place on the pools, per-token writes; no gather/scatter of states."""
+        qkv = self.ops.conv_step(qkv, self.conv1d.weight, conv_pool, slots.writes, slots.start)
+        qh, kh, vh = self._split(qkv)
+        return self.ops.gdn_step(
+            qh, kh, vh, a_raw, b_raw, self.A_log, self.dt_bias, ssm_pool, slots.writes, slots.start
+        )
+
+    def _chunked(
+        self,
+        qkv: torch.Tensor,
+        a_raw: torch.Tensor,
+        b_raw: torch.Tensor,
+        conv_pool: torch.Tensor,
+        ssm_pool: torch.Tensor,
+        start: torch.Tensor,
+    ) -> torch.Tensor:
+        """Prefill: gather the slots' states, chunked rule, write the final states back."""
+        g, beta = gdn_gates(a_raw, b_raw, self.A_log, self.dt_bias)  # g fp32, beta model dtype
+        conv_state = conv_pool.index_select(0, start)  # [B, C, K-1]
+        qkv, new_conv = self.ops.causal_conv1d_with_state(qkv, self.conv1d.weight, conv_state)
+        conv_pool.index_copy_(0, start, new_conv)
+        qh, kh, vh = self._split(qkv)
+        state = ssm_pool.index_select(0, start)  # [B, nv, dk, dv] fp32
+        o, new_state = self.ops.chunk_gated_delta_rule(qh, kh, vh, g, beta, state)
+        ssm_pool.index_copy_(0, start, new_state.to(ssm_pool.dtype))
+        return o

@@ -7,10 +7,10 @@ from torch import nn
 
 from ninfer.kernels.dispatch import Ops
 from ninfer.model.attention import GatedAttention
-from ninfer.model.cache import ForwardBatch
+from ninfer.model.cache import ForwardBatch, KVLayer
 from ninfer.model.config import FULL, TextConfig
 from ninfer.model.ffn import MLP, SparseMoE
-from ninfer.model.gdn import GatedDeltaNet
+from ninfer.model.gdn import GatedDeltaNet, GDNSlots
 from ninfer.model.norms import RMSNorm1p
 
 
@@ -39,15 +39,14 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
+        kv: KVLayer,
         batch: ForwardBatch,
     ) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, k_pool, v_pool, batch)
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, batch)
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def forward_linear(
-        self, x: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, slots: torch.Tensor
+        self, x: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, slots: GDNSlots
     ) -> torch.Tensor:
         h = x + self.linear_attn(self.input_layernorm(x), conv_pool, ssm_pool, slots)
         return h + self.mlp(self.post_attention_layernorm(h))

@@ -43,7 +43,7 @@ class MTPHead(nn.Module):
         e = self.pre_fc_norm_embedding(self._shared["embed"](batch.input_ids))
         x = self.fc(torch.cat([e, self.pre_fc_norm_hidden(hidden)], dim=-1))
         cos, sin = self._shared["rotary"](batch.positions, x.dtype)
-        x = self.layers[0].forward_attention(x, cos, sin, kv.k[0], kv.v[0], batch)
+        x = self.layers[0].forward_attention(x, cos, sin, kv.layer(0), batch)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from torch import nn
 from ninfer.kernels.dispatch import Ops, get_ops
 from ninfer.model.cache import ForwardBatch, KVPool, StatePool
 from ninfer.model.config import FULL, TextConfig
+from ninfer.model.gdn import GDNSlots
 from ninfer.model.layers import DecoderLayer
 from ninfer.model.norms import RMSNorm1p
 from ninfer.model.rope import MRotaryEmbedding
@@ -58,11 +59,12 @@ class Qwen35Model(nn.Module):
             raise RuntimeError("call init_buffers(device) (or build the model with load_model) first")
         x = self.embed_tokens(batch.input_ids)  # [B, q, H]
         cos, sin = self.rotary(batch.positions, x.dtype)  # [B, q, rot]
+        slots = GDNSlots(batch.slots, batch.gdn_write_slots(), batch.write_slots is not None)
         for layer, j in zip(self.layers, self.pool_index, strict=True):
             if layer.kind == FULL:
-                x = layer.forward_attention(x, cos, sin, kv.k[j], kv.v[j], batch)
+                x = layer.forward_attention(x, cos, sin, kv.layer(j), batch)
             else:
-                x = layer.forward_linear(x, states.conv[j], states.ssm[j], batch.slots)
+                x = layer.forward_linear(x, states.conv[j], states.ssm[j], slots)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -4,20 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from ninfer.kernels.kv_quant import quantize_kv_int8
 
-def quantize_kv_int8(
-    x: torch.Tensor, scale_dtype: torch.dtype = torch.float32
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """x: [..., hd] (keys or values of one token and head per row).
-
-    returns (xq [..., hd] int8, scale [...] in scale_dtype) with x ≈ xq · scale, scale = amax|x| / 127
-    (rounded to scale_dtype first, so the stored scale is the one used); all-zero rows get scale 0.
-    """
-    xf = x.float()
-    scale = (xf.abs().amax(-1) / 127.0).to(scale_dtype)  # [...]
-    s = scale.float().unsqueeze(-1)
-    xq = torch.where(s > 0, xf / torch.where(s > 0, s, 1.0), 0.0).round().clamp(-127, 127).to(torch.int8)
-    return xq, scale
+__all__ = ["quantize_kv_int8", "write_kv_int8"]
 
 
 def write_kv_int8(
