@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ninfer.kernels import attention_ref, conv_ref, gdn_ref, moe_ref
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -21,9 +24,18 @@ class Ops:
     recurrent_gated_delta_rule: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (x [B,T,C], weight [C,K], conv_state [B,C,K-1]) -> (y [B,T,C], new_state [B,C,K-1])
     causal_conv1d_with_state: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    # (k_pool, v_pool, k [B,q,nkv,hd], v, page_table, cache_lens) -> None (in place)
+    # in place over slot pools, per-token state writes (decode, speculative verify):
+    # (q, k [N,T,nk,dk], v [N,T,nv,dv], a, b [N,T,nv] raw, A_log, dt_bias [nv],
+    #  ssm_pool [S,nv,dk,dv] fp32, slot_idx [N,T], start_slot [N]) -> o [N,T,nv,dv]
+    # state read from start_slot[n], state after token t written to slot_idx[n,t]; < 0 skipped
+    gdn_step: Callable[..., torch.Tensor]
+    # (x [N,T,C], weight [C,K], conv_pool [S,C,K-1], slot_idx [N,T], start_slot [N]) -> y [N,T,C]
+    conv_step: Callable[..., torch.Tensor]
+    # (k_pool, v_pool, k [B,q,nkv,hd], v, page_table, cache_lens, k_scale=None, v_scale=None)
+    # -> None (in place; int8 pools quantise per token and head into the scales [P,page,nkv])
     write_kv: Callable[..., None]
-    # (q [B,q,nh,hd], k_pool, v_pool, page_table, cache_lens, scale, max_kv_len=None) -> o [B,q,nh,hd]
+    # (q [B,q,nh,hd], k_pool, v_pool, page_table, cache_lens, scale, max_kv_len=None,
+    #  k_scale=None, v_scale=None) -> o [B,q,nh,hd]
     paged_attention: Callable[..., torch.Tensor]
     # (x [N,H], gate_up [E,2Ie,H], down [E,H,Ie], topk_idx [N,k], topk_w [N,k]) -> [N,H]
     moe_experts: Callable[..., torch.Tensor]
@@ -35,16 +47,27 @@ def _reference() -> Ops:
         chunk_gated_delta_rule=gdn_ref.chunk_gated_delta_rule,
         recurrent_gated_delta_rule=gdn_ref.recurrent_gated_delta_rule,
         causal_conv1d_with_state=conv_ref.causal_conv1d_with_state,
+        gdn_step=gdn_ref.gdn_step,
+        conv_step=conv_ref.conv_step,
         write_kv=attention_ref.write_kv,
         paged_attention=attention_ref.paged_attention,
         moe_experts=moe_ref.moe_experts,
     )
 
 
+def _triton() -> Ops:
+    from ninfer.kernels.triton.backend import triton_ops  # imports triton (and fla when installed)
+
+    return triton_ops()
+
+
 # backend name -> (device types it runs on, factory)
 _REGISTRY: dict[str, tuple[frozenset[str], Callable[[], Ops]]] = {
     "reference": (frozenset({"cpu", "cuda"}), _reference),
+    "triton": (frozenset({"cuda"}), _triton),
 }
+# fastest first: what `get_ops(device_type)` tries when no backend is named
+_PREFERENCE: tuple[str, ...] = ("triton", "reference")
 
 
 def register_backend(name: str, device_types: set[str] | frozenset[str], factory: Callable[[], Ops]) -> None:
@@ -59,8 +82,15 @@ def backends() -> dict[str, tuple[str, ...]]:
     return {name: tuple(sorted(devs)) for name, (devs, _) in sorted(_REGISTRY.items())}
 
 
-def get_ops(device_type: str, backend: str = "reference") -> Ops:
-    """The op set for `device_type` ("cpu", "cuda") and `backend`; unknown pairs raise with the valid ones."""
+def get_ops(device_type: str, backend: str | None = None) -> Ops:
+    """The op set for `device_type` ("cpu", "cuda") and `backend`; unknown pairs raise with the valid ones.
+
+    backend None picks the fastest backend that runs on `device_type` and imports: "triton" on
+    CUDA (Triton kernels, fla for prefill), else "reference"; a backend that fails to import is
+    logged and skipped.
+    """
+    if backend is None:
+        return _fastest(device_type)
     entry = _REGISTRY.get(backend)
     if entry is None:
         raise ValueError(f"unknown kernel backend {backend!r}; valid backends: {backends()}")
@@ -72,3 +102,19 @@ def get_ops(device_type: str, backend: str = "reference") -> Ops:
             f"(it supports {sorted(devices)}); backends for {device_type!r}: {valid}"
         )
     return factory()
+
+
+def _fastest(device_type: str) -> Ops:
+    for name in _PREFERENCE:
+        devices, factory = _REGISTRY[name]
+        if device_type not in devices:
+            continue
+        if name == "reference":
+            return factory()
+        try:
+            return factory()
+        except ImportError as err:
+            log.warning(
+                "kernel backend %r is unavailable on %s (%s); trying the next", name, device_type, err
+            )
+    return get_ops(device_type, "reference")

@@ -1,0 +1,176 @@
+"""The "triton" kernel backend (CUDA): Triton decode/verify kernels, fla chunked prefill, grouped MoE.
+
+Per phase (what `ninfer.model` calls):
+* GDN, q <= the step threshold or per-token slots (decode, verify): `gdn_decode_step` and
+  `conv_step`, in place on the slot pools (no gather/scatter, no host sync).
+* GDN prefill: `fla.ops.gated_delta_rule.chunk_gated_delta_rule` (fla-core, when importable;
+  else the torch reference chunked rule, logged once) with the torch conv.
+* Attention: Triton `paged_attention` for every q (float or int8 pools); K/V writes are torch
+  index_copy (int8: quantised on write).
+* MoE experts: `torch._grouped_mm` after a sort by expert when it runs on this device and dtype
+  (bf16, sm_90+); otherwise gathered expert weights + bmm for <= 64 rows, the reference loop above.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+
+import torch
+
+from ninfer.kernels import attention_ref, conv_ref, gdn_ref, moe_ref
+from ninfer.kernels.dispatch import Ops
+from ninfer.kernels.moe_grouped import GATHER_MAX_ROWS, moe_experts_gathered, moe_experts_grouped
+from ninfer.kernels.triton.conv_step import conv_step as triton_conv_step
+from ninfer.kernels.triton.gdn_decode import gdn_decode_step
+from ninfer.kernels.triton.gdn_decode import recurrent_gated_delta_rule as triton_recurrent
+from ninfer.kernels.triton.kv_int8 import write_kv_int8
+from ninfer.kernels.triton.paged_attention import paged_attention as triton_paged_attention
+
+log = logging.getLogger(__name__)
+
+CONV_STEP_MAX_T = 32  # the conv kernel unrolls T; longer calls use the torch reference
+
+
+def fla_chunk_rule() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """fla's `chunk_gated_delta_rule` wrapped to our contract, or None when fla does not import."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+    except ImportError as err:
+        return _log_none(f"fla (fla-core) does not import ({err})")
+
+    def chunk_gated_delta_rule(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        initial_state: torch.Tensor | None = None,
+        chunk: int = 64,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`gdn_ref.chunk_gated_delta_rule`'s contract: q, k [B,T,nk,dk] raw (fla l2-normalises them
+        in kernel, eps inside the sum, and scales q by dk^-0.5), v [B,T,nv,dv], g natural-log decay
+        [B,T,nv], beta post-sigmoid [B,T,nv]; state [B,nv,dk,dv] fp32 in and out."""
+        init = None if initial_state is None else initial_state.to(torch.float32).contiguous()
+        o, final = fla_chunk(
+            q.contiguous(),
+            k.contiguous(),
+            v.contiguous(),
+            g=g.to(torch.float32).contiguous(),
+            beta=beta.contiguous(),  # keyword: fla's positional order differs between its ops
+            initial_state=init,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            chunk_size=chunk,
+        )
+        return o.to(v.dtype), final
+
+    return chunk_gated_delta_rule
+
+
+def _log_none(why: str) -> None:
+    log.warning("%s: GDN prefill uses the torch reference chunked rule", why)
+    return None
+
+
+def _conv_step(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_pool: torch.Tensor,
+    slot_idx: torch.Tensor,
+    start_slot: torch.Tensor,
+) -> torch.Tensor:
+    if x.shape[1] > CONV_STEP_MAX_T:
+        return conv_ref.conv_step(x, weight, conv_pool, slot_idx, start_slot)
+    return triton_conv_step(x, weight, conv_pool, slot_idx, start_slot)
+
+
+def _write_kv(
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_lens: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    if k_pool.dtype == torch.int8:
+        if k_scale is None or v_scale is None:
+            raise ValueError("int8 KV pools need k_scale and v_scale [num_pages, page, nkv]")
+        write_kv_int8(k_pool, v_pool, k_scale, v_scale, k, v, page_table, cache_lens)
+    else:
+        attention_ref.write_kv(k_pool, v_pool, k, v, page_table, cache_lens)
+
+
+def _paged_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_lens: torch.Tensor,
+    scale: float,
+    max_kv_len: int | None = None,  # the kernel bounds each sequence by its own length
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    return triton_paged_attention(
+        q.contiguous(), k_pool, v_pool, page_table, cache_lens, scale, k_scale=k_scale, v_scale=v_scale
+    )
+
+
+@functools.cache
+def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `torch._grouped_mm` runs and is right on this device and dtype (checked once, eagerly)."""
+    if not hasattr(torch, "_grouped_mm") or device.type != "cuda":
+        return False
+    try:
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        x = torch.randn(24, 64, generator=gen).to(device, dtype)
+        w = torch.randn(3, 32, 64, generator=gen).to(device, dtype)  # [E, N, K] like gate_up
+        offs = torch.tensor([5, 5, 24], dtype=torch.int32, device=device)
+        y = torch._grouped_mm(x, w.transpose(1, 2), offs=offs).float()
+        ref = torch.cat([x[:5] @ w[0].T, x[5:] @ w[2].T]).float()
+        ok = bool(torch.allclose(y, ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item()))
+    except (RuntimeError, NotImplementedError) as err:
+        log.warning("torch._grouped_mm does not run for %s on %s: %s", dtype, device, err)
+        return False
+    if not ok:
+        log.warning("torch._grouped_mm gave wrong results for %s on %s; not used", dtype, device)
+    return ok
+
+
+def moe_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_w: torch.Tensor,
+) -> torch.Tensor:
+    """`moe_ref.moe_experts`'s contract without host syncs where possible (see the module docstring)."""
+    if grouped_mm_works(x.device, x.dtype):
+        return moe_experts_grouped(x, gate_up, down, topk_idx, topk_w)
+    if topk_idx.numel() <= GATHER_MAX_ROWS:
+        return moe_experts_gathered(x, gate_up, down, topk_idx, topk_w)
+    return moe_ref.moe_experts(x, gate_up, down, topk_idx, topk_w)
+
+
+def triton_ops() -> Ops:
+    """The op set of the "triton" backend (see the module docstring)."""
+    chunk = fla_chunk_rule()
+    if torch.cuda.is_available():  # probe eagerly, never inside a CUDA-graph capture
+        grouped_mm_works(torch.device("cuda", torch.cuda.current_device()), torch.bfloat16)
+    if chunk is not None:
+        log.info("kernel backend 'triton': GDN prefill through fla chunk_gated_delta_rule")
+    return Ops(
+        name="triton",
+        chunk_gated_delta_rule=chunk or gdn_ref.chunk_gated_delta_rule,
+        recurrent_gated_delta_rule=triton_recurrent,
+        causal_conv1d_with_state=conv_ref.causal_conv1d_with_state,
+        gdn_step=gdn_decode_step,
+        conv_step=_conv_step,
+        write_kv=_write_kv,
+        paged_attention=_paged_attention,
+        moe_experts=moe_experts,
+    )
