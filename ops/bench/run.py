@@ -3,6 +3,7 @@
 Usage (on a CUDA machine, from the repository root):
 
     python ops/bench/run.py --out ops/bench/results [--models qwen3.6-27b,qwen3.6-35b-a3b] [--quick]
+        [--backend triton] [--compile] [--budget-s 540]
 
 For each model shape (model-reference §2.5) it builds bf16 weights drawn from a normal
 distribution directly on the GPU, checks the fast path's logits against the torch reference
@@ -10,13 +11,17 @@ path on the same GPU, then measures through the engine (not just the model): TTF
 16k prompt tokens, decode tokens/s at batch 1, 2, 4, 8 at 4k context, 8k prefill tokens/s and
 MFU, peak memory; and in the same run the HF transformers `generate` baseline on the same
 weights, the device-to-device copy bandwidth, the bf16 matmul peak, and the decode roofline.
-Writes `DATE-COMMIT.json` under --out and prints a short table last.
+Decode runs replay the engine's CUDA graphs; the same run measures batch 1 eagerly, profiles one
+eager decode step per batch size 1 and 8 (kernel time by category against wall time), and with
+--compile the torch.compile'd decode step. Sections past --budget-s are skipped (recorded as
+such). Writes `DATE-COMMIT.json` under --out after every section and prints a short table last.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
 import subprocess
@@ -37,6 +42,7 @@ from ninfer.engine.engine import Engine  # noqa: E402
 from ninfer.kernels.dispatch import backends, get_ops  # noqa: E402
 from ninfer.model.config import TextConfig  # noqa: E402
 from ninfer.model.qwen35 import Qwen35Model  # noqa: E402
+from ninfer.service.compile_cache import setup_compile_cache  # noqa: E402
 
 GiB = 1024**3
 
@@ -194,7 +200,9 @@ def prefill_flops_per_token(model: Qwen35Model, context: int) -> float:
 
 
 # ----------------------------------------------------------------------------- engine runs
-def make_engine(model: Qwen35Model, max_context: int, lanes: int, chunk: int) -> Engine:
+def make_engine(
+    model: Qwen35Model, max_context: int, lanes: int, chunk: int, graphs: bool = True, compile: bool = False
+) -> Engine:
     cfg = EngineConfig(
         max_concurrency=lanes,
         max_pending=16,
@@ -205,29 +213,28 @@ def make_engine(model: Qwen35Model, max_context: int, lanes: int, chunk: int) ->
         no_prefix_reuse=True,
         device="cuda",
         dtype="bfloat16",
+        no_cuda_graph=not graphs,
+        compile=compile,
     )
     return Engine(model, cfg).start()
 
 
 def random_prompt(n: int, seed: int, vocab: int) -> tuple[int, ...]:
     g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randint(0, 240_000, (n,), generator=g).tolist())
+    return tuple(torch.randint(0, min(vocab, 240_000), (n,), generator=g).tolist())
 
 
 def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int) -> dict[str, float]:
-    """Submit all prompts at once (greedy, ignore_eos); return TTFT and aggregate decode tokens/s."""
-    first: list[float] = [0.0] * len(prompts)
-    last: list[float] = [0.0] * len(prompts)
-    counts: list[int] = [0] * len(prompts)
+    """Submit all prompts at once (greedy, ignore_eos). TTFT of the first request; decode tokens/s
+    over the window in which every request is decoding (last first token .. first last token),
+    and the runner's mean seconds per decode step (model + sampling) over the whole run."""
+    stamps: list[list[float]] = [[] for _ in prompts]
+    before = engine.counters.total.decode_seconds, engine.counters.total.decode_rounds
     t0 = time.perf_counter()
 
     def consume(i: int, handle: Any) -> None:
         for out in handle:
-            now = time.perf_counter()
-            if counts[i] == 0 and out.token_ids:
-                first[i] = now
-            counts[i] += len(out.token_ids)
-            last[i] = now
+            stamps[i].extend([time.perf_counter()] * len(out.token_ids))
 
     threads = []
     for i, p in enumerate(prompts):
@@ -242,13 +249,74 @@ def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int
         threads.append(th)
     for th in threads:
         th.join()
-    decode_start = max(first)
-    decode_end = max(last)
-    decoded = sum(c - 1 for c in counts)
+    start = max(st[0] for st in stamps)
+    end = min(st[-1] for st in stamps)
+    n = sum(sum(1 for t in st if start < t <= end) for st in stamps)
+    secs = engine.counters.total.decode_seconds - before[0]
+    rounds = engine.counters.total.decode_rounds - before[1]
     return {
-        "ttft_s": first[0] - t0,
-        "decode_tok_s": decoded / max(decode_end - decode_start, 1e-9),
-        "tokens": float(sum(counts)),
+        "ttft_s": stamps[0][0] - t0,
+        "decode_tok_s": n / (end - start) if end > start else float("nan"),
+        "step_ms": 1e3 * secs / max(rounds, 1),
+        "tokens": float(sum(len(st) for st in stamps)),
+    }
+
+
+def _category(kernel: str) -> str:
+    k = kernel.lower()
+    for cat, keys in (
+        ("gemm", ("gemm", "nvjet", "cutlass", "sm90_xmma", "matmul", "splitk")),
+        ("attention", ("paged", "attention", "attn", "flash")),
+        ("gdn", ("gdn", "delta", "conv", "fused_recurrent")),
+        ("moe", ("grouped", "moe", "expert", "sort", "histogram", "scatter", "gather", "index")),
+        ("copy", ("copy", "memcpy", "memset", "fill")),
+    ):
+        if any(x in k for x in keys):
+            return cat
+    return "elementwise/other"
+
+
+def profile_decode_step(engine: Engine, bs: int, context: int) -> dict[str, Any]:
+    """Kernel time of one eager decode step at `bs` rows (`context` tokens each) by category,
+    against the step's wall time: sum(kernels) << wall means launch / host overhead."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = engine.runner
+    per = -(-(context + 1) // 64)
+    pages = [list(range(i * per, (i + 1) * per)) for i in range(bs)]
+    batch = runner._batch([[1]] * bs, [context] * bs, list(range(bs)), pages)
+    with torch.inference_mode():
+        for _ in range(3):
+            runner._decode_logits(batch)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            runner._decode_logits(batch)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / 5
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            runner._decode_logits(batch)
+            torch.cuda.synchronize()
+    cats: dict[str, float] = {}
+    top: list[tuple[float, str, int]] = []
+    for ev in prof.key_averages():
+        if getattr(ev, "device_type", DeviceType.CUDA) != DeviceType.CUDA:
+            continue
+        us = getattr(ev, "device_time_total", 0.0)
+        if us <= 0:
+            continue
+        cat = _category(ev.key)
+        cats[cat] = cats.get(cat, 0.0) + us / 1e3
+        top.append((us / 1e3, ev.key[:90], ev.count))
+    top.sort(reverse=True)
+    return {
+        "bs": bs,
+        "context": context,
+        "eager_step_ms": wall * 1e3,
+        "kernel_ms": sum(cats.values()),
+        "kernel_ms_by_category": {k: round(v, 3) for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"ms": round(ms, 3), "name": n, "count": c} for ms, n, c in top[:15]],
     }
 
 
@@ -277,14 +345,14 @@ def hf_decode_tok_s(model: Qwen35Model, name: str, prompt_len: int, new_tokens: 
         ref = cls_model(config)
     sd = {("model." + k if k != "lm_head.weight" else k): v for k, v in model.state_dict().items()}
     ref.load_state_dict(sd, strict=True, assign=True)
-    ref.to(device="cuda")  # rotary buffers
-    for mod in ref.modules():  # rebuild non-persistent buffers that stayed on meta
+    for mod in ref.modules():  # rebuild the non-persistent rotary buffers that stayed on meta
         if hasattr(mod, "inv_freq") and mod.inv_freq.is_meta:
-            inv, _ = mod.rope_init_fn(mod.config, torch.device("cuda"))
-            mod.inv_freq = inv
-            mod.original_inv_freq = inv
+            fresh = type(mod)(mod.config)  # built on the CPU: its __init__ computes the buffers
+            mod.inv_freq = fresh.inv_freq
+            mod.original_inv_freq = fresh.original_inv_freq
+    ref.to(device="cuda")
     ref.eval()
-    ids = torch.tensor([random_prompt(prompt_len, 7, 0)], device="cuda")
+    ids = torch.tensor([random_prompt(prompt_len, 7, model.config.vocab_size)], device="cuda")
     with torch.inference_mode():
         ref.generate(ids, max_new_tokens=2, do_sample=False)  # warm-up
         torch.cuda.synchronize()
@@ -322,52 +390,143 @@ def check_fast_path(model: Qwen35Model, backend: str) -> dict[str, Any]:
     return {"backend": backend, "checked": True, "rel_err_last_logits": rel, "ok": rel < 2e-2}
 
 
-def bench_model(name: str, args: argparse.Namespace, bw_TBps: float, peak_TFLOPs: float) -> dict[str, Any]:
+class Budget:
+    """Skips sections once the run has used `seconds` (the device call has a hard limit)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.t0, self.seconds = time.perf_counter(), seconds
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.t0)
+
+
+def _free(*engines: Engine | None) -> None:
+    for e in engines:
+        if e is not None:
+            e.shutdown(5)
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def bench_model(
+    name: str,
+    args: argparse.Namespace,
+    bw_TBps: float,
+    peak_TFLOPs: float,
+    budget: Budget,
+    save: Any,
+) -> dict[str, Any]:
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     model = build_model(name, args.backend)
-    log(f"{name}: built in {time.perf_counter() - t0:.1f}s, {torch.cuda.memory_allocated() / GiB:.1f} GiB")
-    res: dict[str, Any] = {"fast_path": check_fast_path(model, args.backend)}
+    res: dict[str, Any] = {"backend": args.backend, "skipped": []}
+    res["build_s"] = time.perf_counter() - t0
+    log(f"{name}: built in {res['build_s']:.1f}s, {torch.cuda.memory_allocated() / GiB:.1f} GiB")
+    res["fast_path"] = check_fast_path(model, args.backend)
+    log(f"{name}: fast path {res['fast_path']}")
     cfg = model.config
     ctx = 4096
     wb = weight_bytes_per_token(model)
     sb = state_bytes_per_token(cfg, ctx)
     res["roofline_bytes_per_step_bs1"] = wb + sb
     res["roofline_decode_tok_s_bs1"] = bw_TBps * 1e12 / (wb + sb)
+    save()
 
-    ttft_lens = [512, 4096] if args.quick else [512, 4096, 16384]
-    eng = make_engine(model, max_context=max(ttft_lens) + 64, lanes=1, chunk=args.prefill_chunk)
-    run_requests(eng, [random_prompt(256, 99, cfg.vocab_size)], 4)  # warm-up
-    res["ttft_ms"] = {}
-    for n in ttft_lens:
-        r = run_requests(eng, [random_prompt(n, n, cfg.vocab_size)], 1)
-        res["ttft_ms"][str(n)] = r["ttft_s"] * 1e3
-        log(f"{name}: ttft {n} = {r['ttft_s'] * 1e3:.1f} ms")
-    n8k = 8192
-    eng.shutdown(5)
-    eng = make_engine(model, max_context=n8k + 64, lanes=1, chunk=args.prefill_chunk)
-    r = run_requests(eng, [random_prompt(n8k, 8, cfg.vocab_size)], 1)
-    res["prefill_tok_s_8k"] = n8k / r["ttft_s"]
-    res["prefill_mfu_8k"] = (
-        res["prefill_tok_s_8k"] * prefill_flops_per_token(model, n8k) / (peak_TFLOPs * 1e12)
-    )
-    log(f"{name}: prefill 8k {res['prefill_tok_s_8k']:.0f} tok/s, MFU {res['prefill_mfu_8k']:.3f}")
-    eng.shutdown(5)
+    def section(title: str, need_s: float) -> bool:
+        if budget.left() < need_s:
+            res["skipped"].append(title)
+            log(f"{name}: skipped {title} ({budget.left():.0f}s left)")
+            return False
+        return True
 
-    res["decode_tok_s"] = {}
+    # decode with CUDA graphs at 4k context: the headline numbers
     batches = [1, 8] if args.quick else [1, 2, 4, 8]
-    eng = make_engine(
-        model, max_context=ctx + args.decode_tokens + 64, lanes=max(batches), chunk=args.prefill_chunk
-    )
+    lanes = max(batches)
+    res["decode_tok_s"], res["decode_step_ms"] = {}, {}
+    eng = make_engine(model, ctx + args.decode_tokens + lanes + 64, lanes, args.prefill_chunk)
+    run_requests(eng, [random_prompt(256, 99, cfg.vocab_size)], 4)  # warm-up (and graph capture)
+    res["cuda_graphs"] = None if eng.runner.graph_stats is None else eng.runner.graph_stats.as_dict()
+    log(f"{name}: graphs {res['cuda_graphs']}")
     for bs in batches:
         prompts = [random_prompt(ctx, 1000 * bs + i, cfg.vocab_size) for i in range(bs)]
-        r = run_requests(eng, prompts, args.decode_tokens)
+        r = run_requests(eng, prompts, args.decode_tokens + bs)  # >= decode_tokens steps at full batch
         res["decode_tok_s"][str(bs)] = r["decode_tok_s"]
-        log(f"{name}: decode bs={bs} at {ctx} ctx = {r['decode_tok_s']:.1f} tok/s")
-    eng.shutdown(5)
+        res["decode_step_ms"][str(bs)] = r["step_ms"]
+        log(
+            f"{name}: decode bs={bs} at {ctx} ctx = {r['decode_tok_s']:.1f} tok/s (step {r['step_ms']:.2f} ms)"
+        )
+        save()
+    res["roofline_fraction_bs1"] = res["decode_tok_s"]["1"] / res["roofline_decode_tok_s_bs1"]
+    _free(eng)
+
+    if section("eager decode + profile", 60):
+        eng = make_engine(model, ctx + args.decode_tokens + 64, lanes, args.prefill_chunk, graphs=False)
+        run_requests(eng, [random_prompt(256, 99, cfg.vocab_size)], 4)
+        r = run_requests(eng, [random_prompt(ctx, 1000, cfg.vocab_size)], 32)
+        res["eager_decode_tok_s_bs1"] = r["decode_tok_s"]
+        log(f"{name}: eager decode bs=1 = {r['decode_tok_s']:.1f} tok/s")
+        try:
+            res["profile"] = [profile_decode_step(eng, bs, ctx) for bs in (1, lanes)]
+        except Exception as exc:
+            res["profile"] = [{"error": f"{type(exc).__name__}: {exc}"[:300]}]
+        for p in res["profile"]:
+            if "error" in p:
+                log(f"{name}: profile failed: {p['error']}")
+                continue
+            log(
+                f"{name}: profile bs={p['bs']}: wall {p['eager_step_ms']:.2f} ms, kernels {p['kernel_ms']:.2f} ms "
+                f"{p['kernel_ms_by_category']}"
+            )
+        _free(eng)
+        save()
+
+    if args.compile and section("compiled decode", 150):
+        t1 = time.perf_counter()
+        eng = make_engine(
+            model, ctx + args.decode_tokens + lanes + 64, lanes, args.prefill_chunk, compile=True
+        )
+        try:
+            run_requests(eng, [random_prompt(256, 99, cfg.vocab_size)], 4)
+            res["compile"] = {"startup_s": time.perf_counter() - t1, "decode_tok_s": {}}
+            res["compile"]["cuda_graphs"] = eng.runner.graph_stats and eng.runner.graph_stats.as_dict()
+            for bs in (1, lanes):
+                prompts = [random_prompt(ctx, 1000 * bs + i, cfg.vocab_size) for i in range(bs)]
+                r = run_requests(eng, prompts, args.decode_tokens + bs)
+                res["compile"]["decode_tok_s"][str(bs)] = r["decode_tok_s"]
+                log(f"{name}: compiled decode bs={bs} = {r['decode_tok_s']:.1f} tok/s")
+        except Exception as exc:
+            res["compile"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        _free(eng)
+        save()
+
+    ttft_lens = [512, 4096] if args.quick else [512, 4096, 16384]
+    if section("ttft", 60):
+        eng = make_engine(model, max(ttft_lens) + 64, 1, args.prefill_chunk)
+        run_requests(eng, [random_prompt(256, 99, cfg.vocab_size)], 4)
+        res["ttft_ms"] = {}
+        for n in ttft_lens:
+            r = run_requests(eng, [random_prompt(n, n, cfg.vocab_size)], 1)
+            res["ttft_ms"][str(n)] = r["ttft_s"] * 1e3
+            log(f"{name}: ttft {n} = {r['ttft_s'] * 1e3:.1f} ms")
+        _free(eng)
+        save()
+
+    n8k = 8192
+    if section("prefill 8k", 45):
+        eng = make_engine(model, n8k + 64, 1, args.prefill_chunk)
+        run_requests(eng, [random_prompt(n8k, 9, cfg.vocab_size)], 1)  # warm-up at this chunk size
+        r = run_requests(eng, [random_prompt(n8k, 8, cfg.vocab_size)], 1)
+        res["prefill_tok_s_8k"] = n8k / r["ttft_s"]
+        res["prefill_mfu_8k"] = (
+            res["prefill_tok_s_8k"] * prefill_flops_per_token(model, n8k) / (peak_TFLOPs * 1e12)
+        )
+        log(f"{name}: prefill 8k {res['prefill_tok_s_8k']:.0f} tok/s, MFU {res['prefill_mfu_8k']:.3f}")
+        _free(eng)
+        save()
+
     res["int8_kv"] = {"status": "not measured: kv_dtype=int8 is not wired into the engine yet"}
     res["peak_mem_GiB"] = torch.cuda.max_memory_allocated() / GiB
-    if not args.no_hf:
+    if not args.no_hf and section("hf baseline", 60):
         try:
             res["hf_decode_tok_s_bs1"] = hf_decode_tok_s(model, name, 512, args.hf_tokens)
             res["hf_context"] = 512
@@ -376,9 +535,8 @@ def bench_model(name: str, args: argparse.Namespace, bw_TBps: float, peak_TFLOPs
             res["hf_decode_tok_s_bs1"] = None
             res["hf_error"] = f"{type(exc).__name__}: {exc}"[:500]
             log(f"{name}: HF baseline failed: {res['hf_error']}")
-    res["roofline_fraction_bs1"] = res["decode_tok_s"]["1"] / res["roofline_decode_tok_s_bs1"]
     del model
-    torch.cuda.empty_cache()
+    _free()
     return res
 
 
@@ -386,48 +544,76 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "ops/bench/results"))
     ap.add_argument("--models", default="qwen3.6-27b,qwen3.6-35b-a3b")
-    ap.add_argument("--backend", default="reference", help=f"kernel backend: {backends()}")
+    default_backend = "triton" if "triton" in backends() else "reference"
+    ap.add_argument("--backend", default=default_backend, choices=sorted(backends()), help="kernel backend")
     ap.add_argument("--prefill-chunk", type=int, default=8192)
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--hf-tokens", type=int, default=16)
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--quick", action="store_true", help="fewer sizes (512/4k TTFT, batch 1 and 8)")
+    ap.add_argument("--compile", action="store_true", help="also time the torch.compile'd decode step")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="skip later sections past this")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("ops/bench/run.py needs a CUDA device")
+    budget = Budget(args.budget_s)
+    cache = setup_compile_cache()
     import triton
 
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip() or os.environ.get("NINFER_COMMIT", "unknown")
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or os.environ.get("NINFER_COMMIT", "unknown")
     result: dict[str, Any] = {
         "commit": commit,
+        "uncommitted_files": len(git("status", "--short", "--untracked-files=no").splitlines()),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "command": " ".join(["python", "ops/bench/run.py", *sys.argv[1:]]),
     }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{dt.date.today().isoformat()}-{commit}.json"
+
+    def save() -> None:
+        path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+
     result["copy_bandwidth_TBps"] = copy_bandwidth_TBps()
     result["matmul_bf16_TFLOPs"] = matmul_peak_TFLOPs()
     log(f"copy {result['copy_bandwidth_TBps']:.2f} TB/s, matmul {result['matmul_bf16_TFLOPs']:.0f} TFLOP/s")
     result["models"] = {}
     for name in args.models.split(","):
-        result["models"][name] = bench_model(
-            name, args, result["copy_bandwidth_TBps"], result["matmul_bf16_TFLOPs"]
-        )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{dt.date.today().isoformat()}-{commit}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+        try:
+            result["models"][name] = bench_model(
+                name, args, result["copy_bandwidth_TBps"], result["matmul_bf16_TFLOPs"], budget, save
+            )
+        except Exception as exc:  # keep what the other models measured
+            result["models"][name] = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
+            log(f"{name}: FAILED {result['models'][name]['error']}")
+            gc.collect()
+            torch.cuda.empty_cache()
+        save()
+    result["compile_cache"] = cache.report()
+    result["wall_s"] = time.perf_counter() - budget.t0
+    save()
     print(f"\nwrote {path}")
-    print(f"{'model':18} {'bs1':>8} {'bs8':>8} {'roof1':>8} {'hf1':>7} {'ttft4k':>8} {'pf8k':>8} {'mfu':>6}")
+    print(
+        f"{'model':18} {'bs1':>7} {'bs2':>7} {'bs4':>7} {'bs8':>7} {'roof1':>7} {'eager1':>7} {'hf1':>6} "
+        f"{'ttft4k':>7} {'pf8k':>7} {'mfu':>6}"
+    )
+    nan = float("nan")
     for name, r in result["models"].items():
-        d = r["decode_tok_s"]
-        hf = r.get("hf_decode_tok_s_bs1") or float("nan")
+        if "error" in r:
+            print(f"{name:18} ERROR {r['error'][:200]}")
+            continue
+        d = r.get("decode_tok_s", {})
         print(
-            f"{name:18} {d.get('1', 0):8.1f} {d.get('8', 0):8.1f} {r['roofline_decode_tok_s_bs1']:8.1f} "
-            f"{hf:7.2f} {r['ttft_ms'].get('4096', 0):8.1f} {r['prefill_tok_s_8k']:8.0f} {r['prefill_mfu_8k']:6.3f}"
+            f"{name:18} {d.get('1', nan):7.1f} {d.get('2', nan):7.1f} {d.get('4', nan):7.1f} {d.get('8', nan):7.1f} "
+            f"{r['roofline_decode_tok_s_bs1']:7.1f} {r.get('eager_decode_tok_s_bs1', nan):7.1f} "
+            f"{r.get('hf_decode_tok_s_bs1') or nan:6.2f} {r.get('ttft_ms', {}).get('4096', nan):7.1f} "
+            f"{r.get('prefill_tok_s_8k', nan):7.0f} {r.get('prefill_mfu_8k', nan):6.3f}"
         )
 
 
