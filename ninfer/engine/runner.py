@@ -167,8 +167,10 @@ class Runner:
 
 
 def _compiled(fn: StepFn, max_batch: int) -> StepFn:
-    """`torch.compile` of the decode step: one static-shape graph per batch size."""
+    """`torch.compile` of the decode step (inductor, graph breaks allowed around custom kernels).
+    Shapes start static; the second batch size makes the batch dimension symbolic, so a whole
+    capture compiles about twice rather than once per size."""
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, max_batch + 2)
-    return torch.compile(fn, dynamic=False, fullgraph=False)
+    return torch.compile(fn, dynamic=None, fullgraph=False)
