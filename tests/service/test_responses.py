@@ -1,4 +1,5 @@
-"""Responses Core over real gunicorn with the scripted engine, through the official OpenAI SDK."""
+"""Responses Core over real gunicorn with the scripted engine (exact replies), through the official
+OpenAI SDK with strict response validation."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ WEATHER = {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
 CHAT_WEATHER = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+
+
+@pytest.fixture(scope="module")
+def server(scripted_server: Server) -> Server:
+    """Every test here needs the scripted engine's exact reply."""
+    return scripted_server
 
 
 def oa(server: Server) -> openai.OpenAI:
