@@ -27,6 +27,12 @@ class ResponseResource:
         self.service = service
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, response_id: str) -> None:
+        if req.get_param("stream") not in (None, "false"):
+            raise ApiError(
+                400, "unsupported_value", "replaying a stored Response as a stream is not supported", "stream"
+            )
+        if req.get_param_as_list("include") or req.get_param_as_list("include[]"):
+            raise ApiError(400, "unsupported_value", "include must be omitted or empty", "include")
         resp.media = self.service.stored(response_id).response
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, response_id: str) -> None:

@@ -85,6 +85,11 @@ def test_create_retrieve_list_delete(server: Server) -> None:
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
 
     assert client.responses.retrieve(created.id).model_dump() == created.model_dump()
+    assert error(server, "GET", f"/v1/responses/{created.id}?stream=true") == (
+        400,
+        "unsupported_value",
+        "stream",
+    )
     items = client.responses.input_items.list(created.id)
     assert [(i.type, i.role, i.content[0].text) for i in items.data] == [("message", "user", "hi")]
     raw = call(server, "GET", f"/v1/responses/{created.id}/input_items").json()
