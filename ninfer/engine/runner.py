@@ -75,6 +75,8 @@ class Runner:
         self._prepared = True
         if self._capture is None:
             return None
+        if self.device.type == "cuda" and self.device.index is not None:
+            torch.cuda.set_device(self.device)  # the engine thread starts on the default device
         vocab = self.model.config.vocab_size
         try:
             graphs = DecodeGraphs(

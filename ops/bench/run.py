@@ -3,7 +3,7 @@
 Usage (on a CUDA machine, from the repository root):
 
     python ops/bench/run.py --out ops/bench/results [--models qwen3.6-27b,qwen3.6-35b-a3b] [--quick]
-        [--backend triton] [--compile] [--budget-s 540]
+        [--backend triton] [--compile MODELS] [--budget-s 540]
 
 For each model shape (model-reference §2.5) it builds bf16 weights drawn from a normal
 distribution directly on the GPU, checks the fast path's logits against the torch reference
@@ -480,7 +480,7 @@ def bench_model(
         _free(eng)
         save()
 
-    if args.compile and section("compiled decode", 150):
+    if name in args.compile.split(",") and section("compiled decode", 150):
         t1 = time.perf_counter()
         eng = make_engine(
             model, ctx + args.decode_tokens + lanes + 64, lanes, args.prefill_chunk, compile=True
@@ -551,7 +551,9 @@ def main() -> None:
     ap.add_argument("--hf-tokens", type=int, default=16)
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--quick", action="store_true", help="fewer sizes (512/4k TTFT, batch 1 and 8)")
-    ap.add_argument("--compile", action="store_true", help="also time the torch.compile'd decode step")
+    ap.add_argument(
+        "--compile", default="", help="models (comma list) whose torch.compile'd decode is also timed"
+    )
     ap.add_argument("--budget-s", type=float, default=540.0, help="skip later sections past this")
     args = ap.parse_args()
     if not torch.cuda.is_available():
