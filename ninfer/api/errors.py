@@ -43,6 +43,7 @@ class ApiError(Exception):
     param: str | None = None
     type: str | None = None  # OpenAI-shape type; derived from the status when None
     retryable: bool = False  # False adds `x-should-retry: false` so SDKs do not retry
+    request_id: int | None = None  # the measurement request it ended (sent as x-request-id)
 
     def __post_init__(self) -> None:
         super().__init__(self.message)

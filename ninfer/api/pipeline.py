@@ -21,6 +21,8 @@ from ninfer.engine.api import (
     StepOutput,
 )
 
+CANCEL_WAIT_S = 10.0  # bound on waiting for the engine to acknowledge a cancellation
+
 
 @dataclass(frozen=True)
 class PipelineConfig:
@@ -108,12 +110,13 @@ class Pipeline:
                 turn_checkpoint=prepared.turn_checkpoint,
                 response_checkpoint=prepared.response_checkpoint,
             )
-            decoder = self.prompts.decoder(prepared, job.conversation.tools, params.stop)
+            decoder = self.prompts.decoder(prepared, job.conversation.tools)
             handle = self.engine.submit(ticket, request)
         except Exception as exc:
             if ticket is not None:
                 ticket.release()
             error = engine_error(exc)
+            error.request_id = request_id
             self.observer.rejected(request_id, job, error, time.monotonic() - t0)
             raise error from exc
         self.observer.started(request_id, job, prepared, request)
@@ -161,6 +164,7 @@ class Generation:
             self._first = StepOutput((), "error", error="engine ended the request without output")
         except BaseException as exc:
             self._error = engine_error(exc)
+            self._error.request_id = self.request_id
             self.close()
             raise self._error from exc
 
@@ -183,13 +187,8 @@ class Generation:
     def _run(self) -> Iterator[Event]:
         finish: StepOutput | None = None
         for out in self._steps():
-            self._completion_ids.extend(out.token_ids)
-            ids = (
-                [t for t in out.token_ids if t != out.stop_token_id]
-                if out.stop_token_id is not None
-                else out.token_ids
-            )
-            yield from self._decoder.feed(ids)
+            self._completion_ids.extend(out.token_ids)  # every accepted id, a stop token included
+            yield from self._decoder.feed(out)
             if out.finish_reason is not None:
                 finish = out
                 break
@@ -241,9 +240,30 @@ class Generation:
         try:
             if self._finished is None and self._engine_finish is None:
                 self._handle.cancel()
+                self._await_cancel()
         finally:
             self._ticket.release()
             self._report()
+
+    def _await_cancel(self) -> None:
+        """Read the cancelled request to its end (the engine acknowledges at its next step
+        boundary) so the report carries the engine's final stats and every accepted id.
+
+        Reads through a fresh iterator: the one `events()` used may already be closed with it.
+        """
+        if self._first is not None:
+            self._completion_ids.extend(self._first.token_ids)
+            self._first = None
+        if self._handle.finished:
+            return
+        self._handle.timeout_s = CANCEL_WAIT_S
+        try:
+            for out in self._handle:
+                self._completion_ids.extend(out.token_ids)
+                if out.finish_reason is not None:
+                    break
+        except Exception:  # timed out or failed: report what is known
+            pass
 
     def _report(self) -> None:
         observer = self._pipeline.observer

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,9 +26,11 @@ class Prepared:
 
 
 class OutputDecoder(Protocol):
-    """Turns committed token ids into reasoning / text / tool-call events."""
+    """Turns the engine's visible text into reasoning / text / tool-call events."""
 
-    def feed(self, token_ids: Sequence[int]) -> list[Event]: ...
+    def feed(self, step: StepOutput) -> list[Event]:
+        """One engine step: its `text` is parsed; its ids (less a stop token) count for usage."""
+        ...
 
     def finish(self) -> tuple[list[Event], Any]:
         """Flush held text; return the remaining events and the final parse (`reasoning`, `content`,
@@ -43,13 +45,17 @@ class PromptPort(Protocol):
         """Resolve template options and render; raises ApiError for any request-caused failure."""
         ...
 
-    def decoder(self, prepared: Prepared, tools: list[Any], stop: tuple[str, ...]) -> OutputDecoder:
-        """A fresh decoder; stop strings are withheld from the text it emits."""
+    def decoder(self, prepared: Prepared, tools: list[Any]) -> OutputDecoder:
+        """A fresh decoder for one response (stop strings are the engine's: its text omits them)."""
         ...
 
 
 class Handle(Protocol):
+    """`ninfer.engine.handle.RequestHandle`: every `iter()` continues where the previous one stopped."""
+
     stats: RequestStats
+    finished: bool  # the final output (or an admission error) has been read
+    timeout_s: float | None  # per-output wait bound while iterating (None: no bound)
 
     def __iter__(self) -> Iterator[StepOutput]: ...
 
@@ -61,8 +67,6 @@ class Ticket(Protocol):
 
 
 class EnginePort(Protocol):
-    ready: bool
-
     def reserve(self) -> Ticket: ...
 
     def submit(self, ticket: Ticket, request: GenerationRequest) -> Handle: ...

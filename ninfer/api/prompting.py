@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ninfer.api import events as ev
 from ninfer.api.errors import ApiError, invalid
 from ninfer.api.ports import Prepared
-from ninfer.api.stopfilter import StopFilter
+from ninfer.engine.api import StepOutput
 from ninfer.frontend import parser as fp
 from ninfer.frontend.capabilities import resolve_capabilities
 from ninfer.frontend.conversation import Conversation, Tool
 from ninfer.frontend.options import FrontendError, RequestOptions, ServerDefaults, resolve_options
 from ninfer.frontend.prepare import prepare_prompt
 from ninfer.frontend.render import TemplateError
-from ninfer.text.detok import IncrementalDetokenizer
 from ninfer.text.tokenizer import Tokenizer
 
 
@@ -30,32 +28,29 @@ class FinalParse:
 
 
 class FrontendDecoder:
-    """ids -> detokenized text -> stop-string filter -> frontend output parser -> pipeline events."""
+    """Engine visible text -> frontend output parser -> pipeline events.
 
-    def __init__(
-        self, tokenizer: Tokenizer, thinking: bool, tools: list[Tool], stop: tuple[str, ...]
-    ) -> None:
-        self._detok = IncrementalDetokenizer(tokenizer)
-        self._stop = StopFilter(stop)
+    The engine owns detokenization and stop handling: `StepOutput.text` is exactly the visible
+    output (a matched stop string, what follows it and stop tokens are withheld), so the parser
+    never sees withheld text and there is no second stop filter here.
+    """
+
+    def __init__(self, thinking: bool, tools: list[Tool]) -> None:
         self._parser = fp.OutputParser(thinking=thinking, tools=tools)
         self._reasoning_tokens = 0
         self._args: dict[int, list[str]] = {}
         self._calls: list[ev.ToolCall] = []
 
-    def feed(self, token_ids: Sequence[int]) -> list[ev.Event]:
-        out: list[ev.Event] = []
-        for token in token_ids:
-            if self._parser.in_reasoning:
-                self._reasoning_tokens += 1
-            text = self._stop.feed(self._detok.push([token]))
-            if text:
-                out += self._convert(self._parser.feed_text(text))
-        return out
+    def feed(self, step: StepOutput) -> list[ev.Event]:
+        if step.text is None:
+            raise RuntimeError("the engine produced no visible text (it was built without a tokenizer)")
+        shown = sum(1 for t in step.token_ids if t != step.stop_token_id)
+        if self._parser.in_reasoning:  # ids accepted while in the reasoning channel
+            self._reasoning_tokens += shown
+        return self._convert(self._parser.feed_text(step.text)) if step.text else []
 
     def finish(self) -> tuple[list[ev.Event], FinalParse]:
-        tail = self._stop.feed(self._detok.flush()) + self._stop.flush()
-        events = self._convert(self._parser.feed_text(tail)) if tail else []
-        events += self._convert(self._parser.finish())
+        events = self._convert(self._parser.finish())
         result = self._parser.result
         final = FinalParse(result.reasoning, result.content, tuple(self._calls), self._reasoning_tokens)
         return events, final
@@ -114,5 +109,5 @@ class FrontendPrompts:
             media_items=len(prompt.media),
         )
 
-    def decoder(self, prepared: Prepared, tools: list[Any], stop: tuple[str, ...]) -> FrontendDecoder:
-        return FrontendDecoder(self.tokenizer, prepared.thinking, tools, stop)
+    def decoder(self, prepared: Prepared, tools: list[Any]) -> FrontendDecoder:
+        return FrontendDecoder(prepared.thinking, tools)

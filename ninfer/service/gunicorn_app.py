@@ -47,7 +47,7 @@ class NinferApplication(BaseApplication):
 
     def load_config(self) -> None:
         opts = self.options
-        values = {
+        values: dict[str, Any] = {
             "bind": [f"{opts.host}:{opts.port}"],
             "workers": 1,
             "worker_class": "gthread",
@@ -65,6 +65,10 @@ class NinferApplication(BaseApplication):
             "worker_exit": _worker_exit,
             "proc_name": "ninfer",
         }
+        # gunicorn >= 24 opens a control socket at one fixed per-user path by default; several
+        # servers on one host (tests, side-by-side instances) would take it from each other.
+        if "control_socket_disable" in self.cfg.settings:
+            values["control_socket_disable"] = True
         for key, value in values.items():
             self.cfg.set(key, value)
 

@@ -75,6 +75,8 @@ def render_error(resp: falcon.Response, path: str, error: ApiError) -> None:
     resp.data = error.body_bytes(dialect_for_path(path))
     if not error.retryable:
         resp.set_header("x-should-retry", "false")
+    if error.request_id is not None:
+        resp.set_header("x-request-id", str(error.request_id))
 
 
 def handle_api_error(req: falcon.Request, resp: falcon.Response, ex: ApiError, params: Any) -> None:

@@ -14,6 +14,32 @@ from ninfer.service.console import logger
 from ninfer.service.request_log import RequestLog
 from ninfer.service.telemetry import Tracing
 
+# The request_done speculative object of a request decoded without a speculative backend.
+SPECULATIVE_OFF: dict[str, Any] = {
+    "backend": "none",
+    "draft_window": 0,
+    "rounds": 0,
+    "drafted_tokens": 0,
+    "accepted_tokens": 0,
+    "fallback_steps": 0,
+    "accepted_per_position": [],
+}
+
+
+def phase_seconds(prepare_s: float, stats: RequestStats) -> dict[str, float]:
+    """request_done.timings_seconds, unrounded. The engine measures from submission; prepare
+    (request entry -> submission) is added so ttft and total run from request entry."""
+    first = stats.ttft_s > 0.0  # a first token was produced
+    return {
+        "prepare": prepare_s,
+        "queue": stats.queue_s,
+        "ttft": prepare_s + stats.ttft_s if first else 0.0,
+        "vision": 0.0,  # no vision encoder runs in this build
+        "prefill": stats.prefill_s,
+        "decode": stats.decode_s,
+        "total": prepare_s + stats.total_s,
+    }
+
 
 def _config(
     job: GenerationJob, request: GenerationRequest | None, prepared: Prepared | None
@@ -83,15 +109,7 @@ class Recorder:
         self._count("done")
         with self._lock:
             self._configs.pop(request_id, None)
-        timings = {
-            "prepare": summary["prepare_s"],
-            "queue": stats.queue_s,
-            "ttft": stats.ttft_s,
-            "vision": 0.0,
-            "prefill": stats.prefill_s,
-            "decode": stats.decode_s,
-            "total": stats.total_s,
-        }
+        timings = phase_seconds(summary["prepare_s"], stats)
         self.log.emit(
             "request_done",
             request_id=request_id,
@@ -107,7 +125,7 @@ class Recorder:
             resolved_sampling=stats.resolved_sampling,
             seed=stats.seed,
             timings_seconds=timings,
-            speculative=stats.speculative,
+            speculative={**SPECULATIVE_OFF, **stats.speculative},
         )
         logger().info(
             "request %d done: %s prompt=%d cache=%d completion=%d ttft=%.3fs total=%.3fs",
@@ -116,8 +134,8 @@ class Recorder:
             summary["prompt_tokens"],
             stats.cached_tokens,
             summary["completion_tokens"],
-            stats.ttft_s,
-            stats.total_s,
+            timings["ttft"],
+            timings["total"],
         )
         self.tracing.request_finished(request_id, summary, stats, None)
 

@@ -19,7 +19,8 @@ from ninfer.service.request_log import RequestLog, redact_argv
 from ninfer.service.telemetry import Tracing
 from ninfer.service.throughput import ThroughputReporter
 
-# (settings, artifact) -> an engine with start(), ready, reserve(), submit(), shutdown(), snapshot()
+# (settings, artifact) -> a loaded engine with the surface of `ninfer.engine.engine.Engine`:
+# start(), reserve(), submit(), snapshot(), counters.take(), tickets.live, shutdown(drain_s)
 EngineFactory = Callable[[Any, Any], Any]
 
 
@@ -54,11 +55,14 @@ class ServiceRuntime:
         self.tracing.model_id = lambda: self.ctx.model_id
         self.recorder = Recorder(self.log, self.tracing)
         self.engine: Any = None
+        self.ready = False
         self.error: str | None = None
         self.reporter: ThroughputReporter | None = None
         self._ids = itertools.count(1)
         self._id_lock = threading.Lock()
         self._loader = threading.Thread(target=self._load, name="ninfer-loader", daemon=True)
+        self._shutdown_lock = threading.Lock()
+        self._shut_down = False
 
     def next_request_id(self) -> int:
         with self._id_lock:
@@ -72,7 +76,7 @@ class ServiceRuntime:
             return 503, {"status": "error", "message": self.error}
         if self.ctx.draining:
             return 503, {"status": "draining"}
-        if self.ctx.pipeline is None or not getattr(self.engine, "ready", False):
+        if not self.ready:
             return 503, {"status": "loading"}
         return 200, {"status": "ok"}
 
@@ -86,6 +90,7 @@ class ServiceRuntime:
     def _load_inner(self) -> None:
         from ninfer.api.prompting import FrontendPrompts
         from ninfer.artifact import ensure_demo_artifact, open_artifact
+        from ninfer.config import check_against_artifact
         from ninfer.frontend.options import ServerDefaults
         from ninfer.text.tokenizer import Tokenizer
 
@@ -93,16 +98,18 @@ class ServiceRuntime:
         path = self.options.artifact or str(ensure_demo_artifact())
         artifact = open_artifact(path)
         logger().info("artifact %s (%s) opened in %.3fs", path, artifact.model_id, time.monotonic() - t0)
+        check_against_artifact(  # settings the artifact cannot honour fail before any allocation
+            self.settings,
+            artifact.family,
+            has_mtp=artifact.has_component("mtp"),
+            has_vision=artifact.has_component("vision"),
+            max_position_embeddings=artifact.config.max_position_embeddings,
+        )
         tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
         defaults = ServerDefaults(self.options.thinking_default, self.options.preserve_thinking_default)
         prompts = FrontendPrompts(artifact.chat_template, tokenizer, defaults)
-        self.engine = self.engine_factory(self.settings, artifact)
+        self.engine = self.engine_factory(self.settings, artifact)  # loads the weights
         self.engine.start()
-        while not getattr(self.engine, "ready", False):
-            failure = getattr(self.engine, "error", None)
-            if failure:
-                raise RuntimeError(f"engine failed to start: {failure}")
-            time.sleep(0.02)
         config = PipelineConfig(self.options.max_context, self.options.default_max_tokens)
         pipeline = Pipeline(self.engine, prompts, self.recorder, config, self.next_request_id)
         self.ctx.model_id = self.options.model_id or artifact.model_id
@@ -110,11 +117,14 @@ class ServiceRuntime:
         self.ctx.pipeline = pipeline
         self.reporter = ThroughputReporter(self.engine, self.log, self.options.log_stats_interval_ms)
         self.reporter.start()
+        self.ready = True
         logger().info("ready: serving %s in %.3fs", self.ctx.model_id, time.monotonic() - t0)
 
     def _server_start(self, path: str, artifact: Any) -> None:
         opts = self.options
-        snapshot = getattr(self.engine, "snapshot", None)
+        eng = self.engine
+        cfg = eng.config  # the engine's resolved EngineConfig
+        ledger = getattr(eng, "ledger", None)
         self.log.emit(
             "server_start",
             pid=os.getpid(),
@@ -127,7 +137,17 @@ class ServiceRuntime:
                 "max_pending_requests": opts.max_pending,
                 "pending_timeout_ms": opts.pending_timeout_ms,
                 "default_max_tokens": opts.default_max_tokens,
-                "snapshot": snapshot() if callable(snapshot) else None,
+                "device": cfg.device,
+                "dtype": cfg.dtype,
+                "prefill_chunk": cfg.prefill_chunk,
+                "prefix_reuse": not cfg.no_prefix_reuse,
+                "kv_sizing": ledger.as_dict() if ledger is not None else None,
+                "sampler_presets": {
+                    "thinking": _plain(cfg.thinking_preset),
+                    "non_thinking": _plain(cfg.non_thinking_preset),
+                    "overrides": cfg.sampling,
+                },
+                "snapshot": eng.snapshot(),
             },
             settings=_settings_dump(self.settings),
             thinking_defaults={
@@ -153,13 +173,25 @@ class ServiceRuntime:
             logger().info("draining: no new requests admitted")
 
     def shutdown(self) -> None:
-        self.begin_drain()
-        if self.reporter is not None:
-            self.reporter.stop()
-        if self.engine is not None and hasattr(self.engine, "shutdown"):
-            self.engine.shutdown(self.options.drain_timeout_s)
-        self.tracing.shutdown()
-        self.log.close()
+        """Drain the engine (in-flight requests finish or are cancelled within the bound), then
+        write the final throughput interval and close the log. Idempotent; concurrent callers wait."""
+        with self._shutdown_lock:
+            if self._shut_down:
+                return
+            self._shut_down = True
+            self.begin_drain()
+            t0 = time.monotonic()
+            if self.engine is not None:
+                self.engine.shutdown(self.options.drain_timeout_s)
+                logger().info("engine drained in %.3fs", time.monotonic() - t0)
+            if self.reporter is not None:
+                self.reporter.stop()
+            self.tracing.shutdown()
+            self.log.close()
+
+
+def _plain(mapping: Any) -> dict[str, Any] | None:
+    return None if mapping is None else dict(mapping)
 
 
 def _settings_dump(settings: Any) -> Any:

@@ -10,20 +10,33 @@ from typing import Any
 from ninfer.service.console import logger
 from ninfer.service.request_log import RequestLog
 
-# Cumulative engine counters the report turns into interval deltas (absent ones count as 0).
-COUNTERS = ("prefill_tokens", "decode_tokens", "decode_rounds", "decode_row_rounds")
+# Interval deltas the engine's `counters.take()` returns (raw counts and engine compute seconds).
+COUNTS = ("prefill_tokens", "decode_tokens", "decode_rounds", "decode_row_rounds")
+SECONDS = ("prefill_seconds", "decode_seconds")
+BUSY = ("running", "prefilling", "decode_ready", "waiting")
 
 
-def _as_dict(snapshot: Any) -> dict[str, Any]:
-    if snapshot is None:
-        return {}
-    if is_dataclass(snapshot) and not isinstance(snapshot, type):
-        return asdict(snapshot)
-    return dict(snapshot) if isinstance(snapshot, dict) else dict(vars(snapshot))
+def _as_dict(value: Any) -> dict[str, Any]:
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    return dict(value)
+
+
+def scheduler_state(engine: Any) -> dict[str, Any]:
+    """The engine's scheduler snapshot plus the live lifetime tickets (requests not yet released)."""
+    state = _as_dict(engine.snapshot())
+    tickets = getattr(engine, "tickets", None)
+    if tickets is not None:
+        state["live_tickets"] = tickets.live
+    return state
 
 
 class ThroughputReporter:
-    """Every `interval_ms`, one console line and one `throughput` event; idle zero intervals are omitted."""
+    """Every `interval_ms`, one console line and one `throughput` event.
+
+    Fully idle zero intervals are omitted; the first interval that ends idle after activity is
+    still reported, so the log always holds the state the engine settled in.
+    """
 
     def __init__(self, engine: Any, log: RequestLog, interval_ms: int) -> None:
         self.engine = engine
@@ -31,48 +44,54 @@ class ThroughputReporter:
         self.interval_s = interval_ms / 1000.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ninfer-throughput", daemon=True)
-        self._last = self._read()
+        self._lock = threading.Lock()
+        self.engine.counters.take()  # start the first interval now
         self._last_t = time.monotonic()
-
-    def _read(self) -> dict[str, Any]:
-        snapshot = getattr(self.engine, "snapshot", None)
-        return _as_dict(snapshot()) if callable(snapshot) else {}
+        self._was_busy = False
 
     def start(self) -> None:
         if self.interval_s > 0:
             self._thread.start()
 
     def stop(self) -> None:
+        """Stop the timer and report the final interval."""
         self._stop.set()
+        self.report()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.report()
 
     def report(self) -> dict[str, Any] | None:
-        now, snap = time.monotonic(), self._read()
-        dt = now - self._last_t
-        deltas = {k: int(snap.get(k, 0)) - int(self._last.get(k, 0)) for k in COUNTERS}
-        self._last, self._last_t = snap, now
-        busy = any(int(snap.get(k, 0)) for k in ("running", "prefilling", "decode_ready", "waiting"))
-        if not busy and not any(deltas.values()):
-            return None
-        rounds = deltas["decode_rounds"]
-        event = {
-            "interval_seconds": dt,
-            **deltas,
-            "prefill_tokens_per_second": deltas["prefill_tokens"] / dt if dt > 0 else 0.0,
-            "decode_tokens_per_second": deltas["decode_tokens"] / dt if dt > 0 else 0.0,
-            "avg_decode_batch": deltas["decode_row_rounds"] / rounds if rounds else 0.0,
-            "scheduler": {k: v for k, v in snap.items() if k not in COUNTERS},
-        }
-        self.log.emit("throughput", **event)
+        with self._lock:
+            now = time.monotonic()
+            deltas = _as_dict(self.engine.counters.take())
+            snap = scheduler_state(self.engine)
+            dt, self._last_t = now - self._last_t, now
+            busy = any(int(snap.get(k, 0)) for k in BUSY) or bool(snap.get("live_tickets"))
+            was_busy, self._was_busy = self._was_busy, busy
+            if not busy and not was_busy and not any(deltas.get(k) for k in COUNTS):
+                return None
+            rounds = int(deltas.get("decode_rounds", 0))
+            event: dict[str, Any] = {
+                "interval_seconds": dt,
+                **{k: int(deltas.get(k, 0)) for k in COUNTS},
+                **{k: float(deltas.get(k, 0.0)) for k in SECONDS},
+                "prefill_tokens_per_second": deltas.get("prefill_tokens", 0) / dt if dt > 0 else 0.0,
+                "decode_tokens_per_second": deltas.get("decode_tokens", 0) / dt if dt > 0 else 0.0,
+                "avg_decode_batch": deltas.get("decode_row_rounds", 0) / rounds if rounds else 0.0,
+                "scheduler": snap,
+            }
+            self.log.emit("throughput", **event)
         logger().info(
-            "throughput: prefill %.1f tok/s, decode %.1f tok/s, batch %.2f, running %s, waiting %s",
+            "throughput: prefill %.1f tok/s, decode %.1f tok/s, batch %.2f, running %s, waiting %s, "
+            "free pages %s/%s",
             event["prefill_tokens_per_second"],
             event["decode_tokens_per_second"],
             event["avg_decode_batch"],
             snap.get("running", "?"),
             snap.get("waiting", "?"),
+            snap.get("free_pages", "?"),
+            snap.get("total_pages", "?"),
         )
         return event
