@@ -188,7 +188,8 @@ class Generation:
         finish: StepOutput | None = None
         for out in self._steps():
             self._completion_ids.extend(out.token_ids)  # every accepted id, a stop token included
-            yield from self._decoder.feed(out)
+            if out.finish_reason not in ("cancelled", "error"):  # those carry no visible text
+                yield from self._decoder.feed(out)
             if out.finish_reason is not None:
                 finish = out
                 break

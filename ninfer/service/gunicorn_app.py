@@ -91,13 +91,14 @@ class NinferApplication(BaseApplication):
         return TracingMiddleware(app, runtime.tracing)
 
     def install_drain(self, worker: Any) -> None:
-        """SIGTERM: stop admitting at once, let the engine finish or cancel in-flight work within the bound."""
+        """SIGTERM: stop admitting at once and drain the engine on a thread; gunicorn keeps serving the
+        in-flight responses, and `worker_exit` closes the log once they are released."""
         previous = signal.getsignal(signal.SIGTERM)
         runtime = self.runtime
 
         def on_term(signum: int, frame: Any) -> None:
             runtime.begin_drain()
-            threading.Thread(target=runtime.shutdown, name="ninfer-drain", daemon=True).start()
+            threading.Thread(target=runtime.drain, name="ninfer-drain", daemon=True).start()
             if callable(previous):
                 previous(signum, frame)
 

@@ -19,6 +19,8 @@ from ninfer.service.request_log import RequestLog, redact_argv
 from ninfer.service.telemetry import Tracing
 from ninfer.service.throughput import ThroughputReporter
 
+RELEASE_WAIT_S = 5.0  # after the engine drained: bound on waiting for responses to be released
+
 # (settings, artifact) -> a loaded engine with the surface of `ninfer.engine.engine.Engine`:
 # start(), reserve(), submit(), snapshot(), counters.take(), tickets.live, shutdown(drain_s)
 EngineFactory = Callable[[Any, Any], Any]
@@ -61,8 +63,9 @@ class ServiceRuntime:
         self._ids = itertools.count(1)
         self._id_lock = threading.Lock()
         self._loader = threading.Thread(target=self._load, name="ninfer-loader", daemon=True)
-        self._shutdown_lock = threading.Lock()
-        self._shut_down = False
+        self._drain_lock = threading.Lock()
+        self._drained = False
+        self._closed = False
 
     def next_request_id(self) -> int:
         with self._id_lock:
@@ -172,18 +175,30 @@ class ServiceRuntime:
             self.ctx.draining = True
             logger().info("draining: no new requests admitted")
 
-    def shutdown(self) -> None:
-        """Drain the engine (in-flight requests finish or are cancelled within the bound), then
-        write the final throughput interval and close the log. Idempotent; concurrent callers wait."""
-        with self._shutdown_lock:
-            if self._shut_down:
-                return
-            self._shut_down = True
+    def drain(self) -> None:
+        """Stop admitting and drain the engine: in-flight requests finish or are cancelled within
+        `drain_timeout_s`. Idempotent; a concurrent caller waits for the first one."""
+        with self._drain_lock:
             self.begin_drain()
+            if self._drained or self.engine is None:
+                return
             t0 = time.monotonic()
-            if self.engine is not None:
-                self.engine.shutdown(self.options.drain_timeout_s)
-                logger().info("engine drained in %.3fs", time.monotonic() - t0)
+            self.engine.shutdown(self.options.drain_timeout_s)
+            self._drained = True
+            logger().info("engine drained in %.3fs", time.monotonic() - t0)
+
+    def shutdown(self) -> None:
+        """Drain, wait for the HTTP threads to release their last responses, then write the final
+        throughput interval and close the log (called once the worker stopped serving)."""
+        self.drain()
+        with self._drain_lock:
+            if self._closed:
+                return
+            self._closed = True
+            deadline = time.monotonic() + RELEASE_WAIT_S
+            tickets = getattr(self.engine, "tickets", None)
+            while tickets is not None and tickets.live and time.monotonic() < deadline:
+                time.sleep(0.01)
             if self.reporter is not None:
                 self.reporter.stop()
             self.tracing.shutdown()

@@ -1,117 +1,127 @@
-"""A scripted stand-in for the engine (same public surface) used by the service tests until the
-real engine object is available: it replies with fixed token ids and keeps page accounting."""
+"""A scripted engine with the real engine's public surface, for tests that need exact output tokens.
+
+The token ids are scripted (a reasoning/answer split, a tool call); everything after the ids is
+the real engine's code: `StopChecker` over the artifact tokenizer's `IncrementalDetokenizer`
+produces `StepOutput.text`, so stop strings are matched and withheld exactly as in `Engine`.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from ninfer.engine.api import GenerationRequest, QueueTimeout, RequestStats, StepOutput
+from ninfer.engine.compose import engine_config
+from ninfer.engine.counters import Counters
+from ninfer.engine.handle import RequestHandle
+from ninfer.engine.stops import StopChecker
 from ninfer.engine.tickets import Ticket, TicketBook
+from ninfer.text.detok import IncrementalDetokenizer
 from ninfer.text.tokenizer import Tokenizer
 
 REPLY = "Let me think.\n</think>\n\nHello from the scripted engine."
-TOOL_REPLY = "\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+TOOL_REPLY = (
+    "\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "</function>\n</tool_call>"
+)
 STEP_S = 0.01
-TOTAL_PAGES = 64
 
 
-@dataclass
-class _Pool:
-    free: int = TOTAL_PAGES
+def script(tokenizer: Tokenizer, prompt: str, thinking: bool) -> list[int]:
+    """The scripted reply ids (ending with <|im_end|>) for a rendered prompt."""
+    tools = "<tools>" in prompt and "weather" in prompt.split("<tools>")[-1]
+    text = TOOL_REPLY if tools else REPLY
+    if not thinking:
+        text = text.split("</think>\n\n", 1)[1]
+    return [*tokenizer.encode(text), tokenizer.token_to_id("<|im_end|>")]
 
 
-class FakeHandle:
-    def __init__(
-        self, engine: FakeEngine, ticket: Ticket, request: GenerationRequest, reply: list[int]
-    ) -> None:
-        self.engine, self.ticket, self.request, self.reply = engine, ticket, request, reply
-        self.stats = RequestStats(prompt_tokens=len(request.prompt_ids))
-        self._cancel = threading.Event()
+class ScriptRun:
+    """One request: a thread that waits for a lane, then puts the scripted outputs into the
+    engine's own `RequestHandle` (so iteration, cancellation and `finished` behave as in `Engine`)."""
 
-    def cancel(self) -> None:
-        self._cancel.set()
+    def __init__(self, engine: FakeEngine, ticket: Ticket, request: GenerationRequest) -> None:
+        self.engine, self.ticket, self.request = engine, ticket, request
+        prompt = engine.tokenizer.decode(list(request.prompt_ids))
+        self.reply = script(engine.tokenizer, prompt, request.thinking)
+        stats = RequestStats(prompt_tokens=len(request.prompt_ids))
+        end = frozenset({self.reply[-1]})
+        self.stops = StopChecker(end, request.params.stop, IncrementalDetokenizer(engine.tokenizer))
+        self.cancelled = threading.Event()
+        self.handle = RequestHandle(request.request_id, ticket, stats, self.cancelled.set)
+        threading.Thread(target=self._run, daemon=True).start()
 
-    def __iter__(self):
-        eng = self.engine
-        t0 = time.monotonic()
-        if not eng.lanes.acquire(timeout=max(0.0, self.ticket.deadline - time.monotonic())):
-            raise QueueTimeout("not admitted before the pending timeout")
-        pages = 2
+    def _run(self) -> None:
+        eng, stats, t0 = self.engine, self.handle.stats, time.monotonic()
+        if not eng.lanes.acquire(timeout=max(0.0, self.ticket.deadline - t0)):
+            self.handle._put(QueueTimeout("not admitted before the pending timeout"))
+            return
         with eng.lock:
-            eng.pool.free -= pages
             eng.running += 1
         try:
-            self.stats.queue_s = time.monotonic() - t0
-            limit = self.request.params.max_tokens
-            for i, token in enumerate(self.reply[:limit]):
-                if self._cancel.is_set():
-                    return
-                time.sleep(eng.step_s)
-                with eng.lock:
-                    eng.decode_tokens += 1
-                    eng.decode_rounds += 1
-                text = eng.tokenizer.decode(self.reply[: i + 1])
-                hit = next((s for s in self.request.params.stop if s in text), None)
-                self.stats.completion_tokens = i + 1
-                if hit:
-                    yield StepOutput((token,), "stop", stop_string=hit)
-                    return
-                last = i + 1 == len(self.reply)
-                if last:
-                    yield StepOutput((token,), "stop", stop_token_id=token)
-                    return
-                yield StepOutput((token,), "length" if i + 1 == limit else None)
+            stats.queue_s = time.monotonic() - t0
+            self._generate()
         finally:
-            self.stats.total_s = time.monotonic() - t0
+            stats.total_s = time.monotonic() - t0
             with eng.lock:
-                eng.pool.free += pages
                 eng.running -= 1
             eng.lanes.release()
+
+    def _generate(self) -> None:
+        limit = self.request.params.max_tokens or len(self.reply)
+        for i, token in enumerate(self.reply):
+            if self.cancelled.is_set():
+                self.handle._put(StepOutput((), "cancelled"))
+                return
+            time.sleep(self.engine.step_s)
+            self.engine.counters.add(decode_tokens=1, decode_rounds=1, decode_row_rounds=1)
+            self.handle.stats.completion_tokens = i + 1
+            text, hit = self.stops.push(token)
+            if hit is not None:
+                self.handle._put(StepOutput((token,), "stop", hit.string, hit.token_id, text=text))
+                return
+            if i + 1 == limit:
+                tail = self.stops.flush() or ""
+                self.handle._put(StepOutput((token,), "length", text=(text or "") + tail))
+                return
+            self.handle._put(StepOutput((token,), text=text))
 
 
 class FakeEngine:
     def __init__(self, settings: Any, artifact: Any) -> None:
         self.tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
+        self.config = engine_config(settings, artifact, "cpu", "float32")
         e = settings.engine
-        self.book = TicketBook(e.max_concurrency + e.max_pending_requests, e.pending_timeout_ms / 1000)
+        self.tickets = TicketBook(e.max_concurrency + e.max_pending_requests, e.pending_timeout_ms / 1000)
         self.lanes = threading.Semaphore(e.max_concurrency)
         self.lock = threading.Lock()
-        self.pool = _Pool()
+        self.counters = Counters()
         self.running = 0
-        self.decode_tokens = 0
-        self.decode_rounds = 0
-        self.ready = False
         self.step_s = STEP_S
-        self.end = self.tokenizer.token_to_id("<|im_end|>")
 
-    def start(self) -> None:
-        self.ready = True
+    def start(self) -> FakeEngine:
+        return self
 
     def reserve(self) -> Ticket:
-        return self.book.reserve()
+        return self.tickets.reserve()
 
-    def submit(self, ticket: Ticket, request: GenerationRequest) -> FakeHandle:
-        prompt = self.tokenizer.decode(list(request.prompt_ids))
-        text = TOOL_REPLY if "<tools>" in prompt and "weather" in prompt.split("<tools>")[-1] else REPLY
-        if not request.thinking:
-            text = text.split("</think>\n\n", 1)[1]
-        return FakeHandle(self, ticket, request, [*self.tokenizer.encode(text), self.end])
+    def submit(self, ticket: Ticket, request: GenerationRequest) -> RequestHandle:
+        return ScriptRun(self, ticket, request).handle
 
     def snapshot(self) -> dict[str, int]:
+        """The engine snapshot's fields; the scripted engine holds no KV pages."""
         with self.lock:
-            return {
-                "running": self.running,
-                "waiting": self.book.live - self.running,
-                "free_pages": self.pool.free,
-                "total_pages": TOTAL_PAGES,
-                "live_tickets": self.book.live,
-                "decode_tokens": self.decode_tokens,
-                "decode_rounds": self.decode_rounds,
-                "decode_row_rounds": self.decode_rounds,
-            }
+            running = self.running
+        return {
+            "running": running,
+            "prefilling": 0,
+            "decode_ready": running,
+            "waiting": 0,
+            "free_pages": 1,
+            "total_pages": 1,
+            "resident_pages": 0,
+        }
 
     def shutdown(self, drain_timeout_s: float) -> None:
-        self.ready = False
+        pass
