@@ -119,7 +119,7 @@ class Pipeline:
             error.request_id = request_id
             self.observer.rejected(request_id, job, error, time.monotonic() - t0)
             raise error from exc
-        self.observer.started(request_id, job, prepared, request)
+        self.observer.started(request_id, job, prepared, request, handle.stats)
         gen = Generation(request_id, job, prepared, handle, ticket, decoder, self)
         gen.prepare_s = time.monotonic() - t0
         gen.prime()

@@ -78,8 +78,15 @@ class Observer(Protocol):
     def rejected(self, request_id: int, job: GenerationJob, error: ApiError, prepare_s: float) -> None: ...
 
     def started(
-        self, request_id: int, job: GenerationJob, prepared: Prepared, request: GenerationRequest
-    ) -> None: ...
+        self,
+        request_id: int,
+        job: GenerationJob,
+        prepared: Prepared,
+        request: GenerationRequest,
+        stats: RequestStats,
+    ) -> None:
+        """Submitted: `stats` already holds the engine's resolved sampler and seed."""
+        ...
 
     def done(
         self, request_id: int, job: GenerationJob, summary: dict[str, Any], stats: RequestStats

@@ -88,7 +88,12 @@ class Recorder:
         logger().info("request %d rejected: %d %s", request_id, error.status, error.code)
 
     def started(
-        self, request_id: int, job: GenerationJob, prepared: Prepared, request: GenerationRequest
+        self,
+        request_id: int,
+        job: GenerationJob,
+        prepared: Prepared,
+        request: GenerationRequest,
+        stats: RequestStats,
     ) -> None:
         self._count("started")
         config = _config(job, request, prepared)
@@ -100,7 +105,8 @@ class Recorder:
             shape=job.shape,
             prompt_tokens=len(prepared.token_ids),
             media_items=prepared.media_items,
-            seed=request.params.seed,
+            resolved_sampling=stats.resolved_sampling,
+            seed=stats.seed,
             **config,
         )
         self.tracing.request_started(request_id, job, prepared, request)

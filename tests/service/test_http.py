@@ -273,7 +273,11 @@ def test_multi_turn_prefix_reuse(server: Server, ref: Reference) -> None:
     exp = ref.greedy(turn2, 6, enable_thinking=False)
     assert second.usage.prompt_tokens == len(exp.prompt_ids)
     assert second.choices[0].message.content == (exp.text or None)
-    done = wait_event(server, "request_done", int(raw.headers["x-request-id"]))
+    rid = int(raw.headers["x-request-id"])
+    start = wait_event(server, "request_start", rid)
+    assert start["prompt_tokens"] == len(exp.prompt_ids) and start["max_tokens"] == 6
+    assert start["resolved_sampling"]["temperature"] == 0.0 and isinstance(start["seed"], int)
+    done = wait_event(server, "request_done", rid)
     assert done["prefix_reuse_path"] == "restore_turn_checkpoint"
     assert done["cached_tokens"] == reused
     assert done["computed_prefill_tokens"] == len(exp.prompt_ids) - reused
