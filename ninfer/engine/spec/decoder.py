@@ -25,7 +25,7 @@ from ninfer.engine.pages import PAGE
 from ninfer.engine.plan import DecodePlan, DecodeRow, SlotOp, StepResult
 from ninfer.engine.sampler import sample_rows
 from ninfer.engine.spec.mtp import Proposal, mask_vocab
-from ninfer.engine.spec.rejection import verify
+from ninfer.engine.spec.rejection import match_greedy, plain_greedy, verify
 from ninfer.model.cache import KVPool, StatePool, make_batch
 
 
@@ -137,8 +137,12 @@ class SpecDecoder:
             inputs = [[r.token, *p.tokens] for r, p in zip(srows, proposals, strict=True)]
             hidden = self._forward(srows, inputs)  # [S, k+1, H]
             logits = self._logits(hidden)  # [S, k+1, V]
+            argmax = logits.argmax(-1).tolist()  # [S][k+1], one transfer for the plain greedy rows
             for j, (i, r, p) in enumerate(zip(spec, srows, proposals, strict=True)):
-                verdict = verify(r.sampler, logits[j], p.tokens, p.probs)
+                if plain_greedy(r.sampler):
+                    verdict = match_greedy(argmax[j], p.tokens)
+                else:
+                    verdict = verify(r.sampler, logits[j], p.tokens, p.probs)
                 runs[i], drafted[i], accepted[i] = verdict.tokens, k, verdict.accepted
 
         def finalize(committed: list[int | None]) -> None:

@@ -21,7 +21,7 @@ import torch
 
 from ninfer.engine.plan import DecodeRow, SlotOp
 from ninfer.engine.spec.draft_head import DraftHead
-from ninfer.engine.spec.rejection import propose
+from ninfer.engine.spec.rejection import plain_greedy, propose
 from ninfer.model.cache import KVPool, make_batch
 
 
@@ -144,7 +144,11 @@ class MTPDrafter:
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
         for j in range(k):
             logits = self._logits(x)  # [B, V]
+            argmax = logits.argmax(-1).tolist()  # one transfer for the plain greedy rows
             for i, r in enumerate(rows):
+                if plain_greedy(r.sampler):
+                    drafts[i].append(argmax[i])
+                    continue
                 d, q = propose(r.sampler, logits[i], drafts[i])
                 drafts[i].append(d)
                 if q is not None:

@@ -43,6 +43,20 @@ def is_greedy(sampler: RowSampler) -> bool:
     return sampler.params.temperature == 0.0
 
 
+def plain_greedy(sampler: RowSampler) -> bool:
+    """Greedy without penalties: the choice is the raw argmax, so rows can share one batched argmax."""
+    p = sampler.params
+    return p.temperature == 0.0 and not (p.presence_penalty or p.frequency_penalty)
+
+
+def match_greedy(target_tokens: Sequence[int], drafts: Sequence[int]) -> Verdict:
+    """target_tokens: the target's greedy choice at each of the k+1 verified positions."""
+    for i, d in enumerate(drafts):
+        if int(target_tokens[i]) != int(d):
+            return Verdict(tokens=[*map(int, drafts[:i]), int(target_tokens[i])], accepted=i)
+    return Verdict(tokens=[*map(int, drafts), int(target_tokens[len(drafts)])], accepted=len(drafts))
+
+
 def greedy_token(sampler: RowSampler, logits: torch.Tensor, prefix: Sequence[int]) -> int:
     """logits: [V] float32 -> the token plain greedy decoding would pick after `prefix`."""
     with observed(sampler, prefix) as s:
