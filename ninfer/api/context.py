@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ninfer.api.errors import ApiError, invalid
 from ninfer.api.pipeline import Pipeline
+from ninfer.api.response_store import ResponseStore
 
 
 @dataclass
@@ -16,6 +17,7 @@ class ApiContext:
     vision: bool = False
     model_id: str | None = None
     pipeline: Pipeline | None = None
+    response_store: ResponseStore | None = None  # sized from server.response_store_max_*
     draining: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
 

@@ -10,7 +10,7 @@ from ninfer.api.fields import parse_body
 from ninfer.api.response_store import ResponseStore
 from ninfer.api.responses_service import ResponsesService, not_found
 
-DEFAULT_MAX_RECORDS = 1024  # server.response_store_max_records
+DEFAULT_MAX_RECORDS = 1024  # server.response_store_max_records (used when no store is configured)
 DEFAULT_MAX_MIB = 256  # server.response_store_max_mib
 
 
@@ -77,7 +77,7 @@ class CompactResource:
 
 def routes(ctx: ApiContext) -> list[tuple[str, object]]:
     """The route table; the store comes from `ctx.response_store` when the service sets one."""
-    store = getattr(ctx, "response_store", None)
+    store = ctx.response_store
     if store is None:
         store = ResponseStore(DEFAULT_MAX_RECORDS, DEFAULT_MAX_MIB)
     service = ResponsesService(ctx, store)

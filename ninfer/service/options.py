@@ -33,6 +33,8 @@ class ServiceOptions:
     service_name: str
     artifact: str | None
     drain_timeout_s: float = 30.0
+    response_store_max_records: int = 1024
+    response_store_max_mib: int = 256
 
     @property
     def threads(self) -> int:
@@ -74,4 +76,6 @@ def from_settings(settings: Any) -> ServiceOptions:
         service_name=str(_get(telemetry, "service_name", "ninfer")),
         artifact=None if _get(model, "artifact") is None else str(model.artifact),
         drain_timeout_s=float(_get(server, "drain_timeout_s", 30.0)),
+        response_store_max_records=int(_get(server, "response_store_max_records", 1024)),
+        response_store_max_mib=int(_get(server, "response_store_max_mib", 256)),
     )

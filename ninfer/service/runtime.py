@@ -12,6 +12,7 @@ from typing import Any
 
 from ninfer.api.context import ApiContext
 from ninfer.api.pipeline import Pipeline, PipelineConfig
+from ninfer.api.response_store import ResponseStore
 from ninfer.service.console import logger
 from ninfer.service.options import ServiceOptions
 from ninfer.service.recorder import Recorder
@@ -49,7 +50,11 @@ class ServiceRuntime:
         self.instance_id = instance_id
         self.argv = argv
         self.engine_factory = engine_factory
-        self.ctx = ApiContext(vision=options.vision, model_id=options.model_id)
+        self.ctx = ApiContext(
+            vision=options.vision,
+            model_id=options.model_id,
+            response_store=ResponseStore(options.response_store_max_records, options.response_store_max_mib),
+        )
         self.log = RequestLog(options.request_log_path, instance_id, options.artifact)
         self.tracing = tracing or Tracing.from_config(
             options.trace_exporter, options.otlp_endpoint, options.service_name, instance_id
