@@ -111,7 +111,10 @@ class CudaCapture:
         return graph.replay
 
     def memory_reserved(self) -> int:
+        """Reserved bytes with the free cached blocks released (graph capture releases them too,
+        so a before/after difference is the memory the graphs and their buffers hold)."""
         torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
         return torch.cuda.memory_reserved(self.device)
 
 
