@@ -10,6 +10,8 @@ import torch
 from ninfer.artifact.registry import sampler_preset
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.sampler import SamplingOverrides
+from ninfer.engine.spec.draft_head import DraftHead
+from ninfer.engine.spec.load import load_spec_weights, spec_fields
 from ninfer.engine.stops import Detokenizer
 from ninfer.model.weights import load_model
 from ninfer.text.detok import IncrementalDetokenizer
@@ -48,15 +50,20 @@ def engine_config(
         thinking_preset=sampler_preset(artifact.model_id, artifact.family, True),
         non_thinking_preset=sampler_preset(artifact.model_id, artifact.family, False),
         vocab_limit=vocab_limit,
+        **spec_fields(settings.spec),
     )
 
 
-def engine_parts(settings: Any, artifact: Any) -> tuple[Any, EngineConfig, Callable[[], Detokenizer]]:
-    """Load the text model on the configured device and dtype; build the config and detokenizer."""
+def engine_parts(
+    settings: Any, artifact: Any
+) -> tuple[Any, EngineConfig, Callable[[], Detokenizer], DraftHead | None]:
+    """Load the text model (plus, with --spec mtp, the MTP head and optional proposal head) on the
+    configured device and dtype; build the config and detokenizer."""
     es = settings.engine
     device = es.torch_device(torch.cuda.is_available())
     dtype = es.torch_dtype(device != "cpu")
     model = load_model(artifact.config, artifact.load_tensors("text"), _DTYPES[dtype], device)
+    draft_head = load_spec_weights(settings.spec, artifact, model, _DTYPES[dtype], device)
     tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
     config = engine_config(settings, artifact, device, dtype, vocab_limit=tokenizer.vocab_size)
-    return model, config, lambda: IncrementalDetokenizer(tokenizer)
+    return model, config, lambda: IncrementalDetokenizer(tokenizer), draft_head

@@ -30,3 +30,12 @@ class EngineConfig:
     vocab_limit: int | None = None
     no_cuda_graph: bool = False  # decode eagerly instead of replaying one CUDA graph per batch size
     compile: bool = False  # run the decode step through torch.compile (inductor)
+    # Speculative decoding (frozen at startup; without a method no MTP weights or buffers exist).
+    spec_method: str | None = None  # None | "mtp" ("dflash" is rejected: not in this build)
+    draft_tokens: int = 3  # k drafts per round, 1..5 for MTP
+    lm_head_draft: bool = False  # draft through the reduced-vocabulary proposal head
+    # Benchmarking/testing aid, not a serving feature: when set, drafts are the target's own greedy
+    # continuation (k extra target steps per round), each replaced by a wrong token with this
+    # probability; no MTP head is needed. See ninfer.engine.spec.oracle.
+    spec_oracle_wrong_fraction: float | None = None
+    spec_oracle_seed: int = 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,9 +35,14 @@ from ninfer.engine.sampler import RowSampler, resolve_sampling
 from ninfer.engine.scheduler import DECODE, Scheduler, Seq, Snapshot
 from ninfer.engine.sizing import SizingLedger, resolve_kv
 from ninfer.engine.slots import SlotLayout, make_lanes
+from ninfer.engine.spec import counters as spec_counters
+from ninfer.engine.spec.build import build_spec, check_spec, draft_slots
 from ninfer.engine.stops import Detokenizer, StopChecker
 from ninfer.engine.tickets import Ticket, TicketBook
 from ninfer.model.cache import KVPool, StatePool
+
+if TYPE_CHECKING:
+    from ninfer.engine.spec.draft_head import DraftHead
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -48,6 +53,7 @@ class Engine:
         model: Any,
         config: EngineConfig,
         detokenizer_factory: Callable[[], Detokenizer] | None = None,
+        draft_head: DraftHead | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -55,7 +61,8 @@ class Engine:
         self.device = torch.device(config.device)
         self.dtype = _DTYPES[config.dtype]
         self.detokenizer_factory = detokenizer_factory
-        self.layout = SlotLayout(lanes=config.max_concurrency)
+        check_spec(config, model, draft_head)
+        self.layout = SlotLayout(lanes=config.max_concurrency, draft_slots=draft_slots(config))
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         self.ledger: SizingLedger = resolve_kv(
             self.text_config,
@@ -73,16 +80,19 @@ class Engine:
         self.allocator = PageAllocator(self.ledger.num_pages)
         self.cache = PrefixCache(make_lanes(self.layout), self.allocator, enabled=not config.no_prefix_reuse)
         self.scheduler = Scheduler(self.cache, config.max_concurrency, config.prefill_chunk)
+        max_pages = pages_for(config.max_context)
+        self.spec = build_spec(config, model, self.kv, self.states, self.layout, max_pages, draft_head)
         self.runner = Runner(
             model,
             self.kv,
             self.states,
-            pages_for(config.max_context),
+            max_pages,
             self.device,
             config.vocab_limit,
             max_batch=config.max_concurrency,
-            cuda_graphs=not config.no_cuda_graph,
+            cuda_graphs=not config.no_cuda_graph and self.spec is None,  # spec rounds run eagerly
             compile=config.compile,
+            spec=self.spec,
         )
         self.tickets = TicketBook(
             config.max_concurrency + config.max_pending, config.pending_timeout_ms / 1000
@@ -106,8 +116,8 @@ class Engine:
         """Composition root: load the artifact's text model and build the engine from `Settings`."""
         from ninfer.engine.compose import engine_parts
 
-        model, config, detok = engine_parts(settings, artifact)
-        return cls(model, config, detok)
+        model, config, detok, draft_head = engine_parts(settings, artifact)
+        return cls(model, config, detok, draft_head)
 
     # ----- caller threads -----
     def start(self) -> Engine:
@@ -155,6 +165,8 @@ class Engine:
         stats = RequestStats(
             prompt_tokens=len(prompt), resolved_sampling=resolved.as_dict(), seed=resolved.seed
         )
+        if self.spec is not None:
+            stats.speculative = spec_counters.new_counters(self.spec.backend, self.spec.k)
         with self._cv:
             self._next_id += 1
             sid = self._next_id
@@ -262,18 +274,50 @@ class Engine:
                 seq.t_first = now
                 self._commit(seq, result.tokens[0], now)
             return
+        spec = result.spec
+        decoded, committed = 0, []
+        for i, sid in enumerate(result.seq_ids):
+            seq = self._seqs[sid]
+            run = [result.tokens[i]] if spec is None else spec.runs[i]
+            if spec is not None:
+                spec_counters.begin_row(seq.stats.speculative, spec.drafted[i])
+            n = 0  # a speculative run commits until the request finishes (stop or length)
+            for token in run:
+                if spec is not None and n < spec.accepted[i]:
+                    spec_counters.commit_draft(seq.stats.speculative, n)
+                sched.decode_fed(seq)
+                n += 1
+                if self._commit(seq, token, now):
+                    break
+            decoded += n
+            retained = seq.lane is not None and seq.lane.computed > 0
+            committed.append(n if retained else None)
+        seconds = result.seconds
+        if spec is not None:  # bring each retained lane's state to exactly its committed tokens
+            try:
+                seconds += spec.finalize(committed)
+            except Exception as exc:
+                self._drop_rows(plan, f"{type(exc).__name__}: {exc}")
         self.counters.add(
-            decode_tokens=len(plan.rows),
+            decode_tokens=decoded,
             decode_rounds=1,
             decode_row_rounds=len(plan.rows),
-            decode_seconds=result.seconds,
+            decode_seconds=seconds,
         )
-        for sid, token in zip(result.seq_ids, result.tokens, strict=True):
-            seq = self._seqs[sid]
-            sched.decode_fed(seq)
-            self._commit(seq, token, now)
 
-    def _commit(self, seq: Seq, token: int, now: float) -> None:
+    def _drop_rows(self, plan: DecodePlan, error: str) -> None:
+        """A state fix-up failed: fail the rows' live requests and forget their retained lanes."""
+        slots = {r.slot for r in plan.rows}
+        for r in plan.rows:
+            seq = self._seqs.get(r.seq_id)
+            if seq is not None:
+                self._end(seq, StepOutput(token_ids=(), finish_reason="error", error=error), keep=False)
+        for lane in self.cache.lanes:
+            if lane.live_slot in slots and lane.resident:
+                self.allocator.free(lane.clear())
+
+    def _commit(self, seq: Seq, token: int, now: float) -> bool:
+        """Commit one token; True when it finished the request."""
         self.scheduler.commit(seq, token)
         try:
             text, hit = seq.stops.push(token)
@@ -287,7 +331,7 @@ class Engine:
         except ValueError as exc:  # e.g. a token id the tokenizer cannot decode
             out = StepOutput(token_ids=(token,), finish_reason="error", error=str(exc))
             self._end(seq, out, keep=False)
-            return
+            return True
         out = StepOutput(
             token_ids=(token,),
             finish_reason=finish,
@@ -297,8 +341,9 @@ class Engine:
         )
         if finish is None:
             self._handles[seq.id]._put(out)
-        else:
-            self._end(seq, out, keep=True)
+            return False
+        self._end(seq, out, keep=True)
+        return True
 
     def _close_stats(self, seq: Seq) -> None:
         now = time.monotonic()

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ninfer.engine.sampler import RowSampler
+
+if TYPE_CHECKING:
+    from ninfer.engine.spec.decoder import SpecRound
 
 
 @dataclass(frozen=True)
@@ -56,3 +60,5 @@ class StepResult:
     seq_ids: list[int]
     tokens: list[int]
     seconds: float = 0.0
+    # speculative decode rounds: per-row runs of tokens to commit, and the state fix-up to call
+    spec: SpecRound | None = None

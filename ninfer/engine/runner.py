@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,9 @@ from ninfer.engine.graphs import (
 from ninfer.engine.plan import DecodePlan, PrefillPlan, SlotOp, StepPlan, StepResult
 from ninfer.engine.sampler import sample_rows
 from ninfer.model.cache import ForwardBatch, KVPool, StatePool
+
+if TYPE_CHECKING:
+    from ninfer.engine.spec.decoder import SpecDecoder
 
 
 class Runner:
@@ -45,8 +49,10 @@ class Runner:
         cuda_graphs: bool = True,
         compile: bool = False,
         capture: CaptureBackend | None = None,
+        spec: SpecDecoder | None = None,
     ) -> None:
         self.model = model
+        self.spec = spec  # speculative decoding: decode rounds go through it, slot ops and prefill feed it
         self.vocab_limit = vocab_limit
         self.kv = kv
         self.states = states
@@ -112,6 +118,8 @@ class Runner:
                 self.states.zero_slot(op.dst)
             else:
                 self.states.copy_slot(op.src, op.dst)
+            if self.spec is not None:
+                self.spec.slot_op(op)
 
     def _pack(
         self,
@@ -149,6 +157,8 @@ class Runner:
         self._slot_ops(plan.ops_before)
         batch = self._batch([plan.tokens], [plan.start], [plan.slot], [plan.pages])
         hidden = self.model(batch, self.kv, self.states)  # [1, q, H]
+        if self.spec is not None:
+            self.spec.after_prefill(plan.slot, plan.start, plan.tokens, hidden[0], plan.pages)
         self._slot_ops(plan.ops_after)
         if plan.sampler is None:
             return StepResult(seq_ids=[], tokens=[])
@@ -156,6 +166,8 @@ class Runner:
         return StepResult(seq_ids=[plan.seq_id], tokens=sample_rows(logits, [plan.sampler]))
 
     def _decode(self, plan: DecodePlan) -> StepResult:
+        if self.spec is not None:
+            return self.spec.decode(plan)
         rows = plan.rows
         b = len(rows)
         tokens = [[r.token] for r in rows]

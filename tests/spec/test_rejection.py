@@ -163,3 +163,13 @@ def test_seeded_rounds_are_reproducible() -> None:
     runs = [_sample_pairs(50, 3, target, draft, knobs) for _ in range(2)]
     assert runs[0] == runs[1]
     assert math.isclose(sum(runs[0].values()), 50)
+
+
+def test_batched_greedy_match_equals_per_row_verification() -> None:
+    from ninfer.engine.spec.rejection import match_greedy
+
+    target = _logits_fn(4, 2.0)
+    s = _sampler(0, temperature=0.0)
+    for drafts in ([0, 1, 2], [3, 3, 3], [4, 0, 1]):
+        rows = torch.stack([target(drafts[:i]) for i in range(4)])
+        assert match_greedy(rows.argmax(-1).tolist(), drafts) == verify(s, rows, drafts)

@@ -1,0 +1,93 @@
+"""Shared pieces of the speculative engine tests: a long-memory tiny model with an MTP head, runners."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import replace
+from itertools import pairwise
+from typing import Any
+
+import torch
+
+from ninfer.artifact.shapes import mtp_shapes, text_shapes
+from ninfer.engine.api import GenerationRequest, RequestStats, SamplingParams
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.engine import Engine
+from ninfer.engine.spec.draft_head import DraftHead
+from ninfer.model.weights import load_model
+from tests.engine.tiny import _tensor, tiny_config
+
+VOCAB = 512
+
+
+def mtp_model(seed: int = 0) -> Any:
+    """tests/engine's tiny hybrid (long GDN memory, so a wrong state changes tokens) plus an MTP head."""
+    cfg = dataclasses.replace(tiny_config(VOCAB), mtp_num_hidden_layers=1)
+    g = torch.Generator().manual_seed(seed)
+    shapes = {**text_shapes(cfg), **mtp_shapes(cfg)}
+    return load_model(cfg, {n: _tensor(n, tuple(s), g) for n, s in shapes.items()}, torch.float32, "cpu")
+
+
+def draft_head(model: Any, every: int = 3) -> DraftHead:
+    """A reduced head over every `every`-th id (stop ids included)."""
+    ids = sorted({*range(0, VOCAB, every), *model.config.eos_token_ids})
+    t = torch.tensor(ids)
+    return DraftHead(t, model.lm_head.weight[t].clone(), VOCAB)
+
+
+def prompt(n: int, salt: int) -> tuple[int, ...]:
+    return tuple((i * 53 + salt * 7 + 3) % 500 + 1 for i in range(n))
+
+
+PROMPTS = [prompt(9 + 11 * i, i) for i in range(8)]
+
+
+class TagDetokenizer:
+    """Token id t reads as `<t>`: stop strings can straddle token boundaries without a tokenizer."""
+
+    def push(self, ids: Sequence[int]) -> str:
+        return "".join(f"<{t}>" for t in ids)
+
+    def flush(self) -> str:
+        return ""
+
+
+def engine(model: Any, head: DraftHead | None = None, detok: bool = False, **kw: Any) -> Engine:
+    """An 8-lane engine (max_context 256, chunk 64) as in tests/engine, with the given overrides."""
+    base = EngineConfig(
+        max_concurrency=8, max_pending=16, max_context=256, prefill_chunk=64, kv_capacity=2048
+    )
+    return Engine(model, replace(base, **kw), TagDetokenizer if detok else None, draft_head=head).start()
+
+
+def request(p: Sequence[int], max_tokens: int = 24, **params: Any) -> GenerationRequest:
+    turn = params.pop("turn", None)
+    response = params.pop("response", None)
+    fields = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, **params}
+    return GenerationRequest(
+        "r", tuple(p), SamplingParams(**fields), turn_checkpoint=turn, response_checkpoint=response
+    )
+
+
+def run_batch(eng: Any, reqs: Sequence[GenerationRequest]) -> list[tuple[list[int], RequestStats, Any]]:
+    """Submit all, then collect: (tokens, stats, last output) per request."""
+    handles = [eng.submit(eng.reserve(), r) for r in reqs]
+    out = []
+    for h in handles:
+        with h:
+            tokens, last = h.result(120)
+            out.append((tokens, h.stats, last))
+    return out
+
+
+def check_counters(stats: RequestStats, k: int, backend: str) -> dict:
+    c = stats.speculative
+    assert c["backend"] == backend and c["draft_window"] == k
+    per = c["accepted_per_position"]
+    assert len(per) == k and sum(per) == c["accepted_tokens"]
+    assert all(a >= b for a, b in pairwise(per)) and all(x <= c["rounds"] for x in per)
+    assert c["drafted_tokens"] == k * c["rounds"]
+    rest = stats.completion_tokens - 1 - c["fallback_steps"] - c["accepted_tokens"]
+    assert rest in (c["rounds"], c["rounds"] - 1), c
+    return c
