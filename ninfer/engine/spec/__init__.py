@@ -5,6 +5,13 @@ Module map:
     counters.py    the per-request `speculative` object of request_done
     draft_head.py  the reduced-vocabulary proposal head (rows of lm_head for N frequent ids)
     mtp.py         the MTP drafter: its own one-layer KV pool, per-slot pending hidden rows
-    oracle.py      a benchmarking aid: drafts are the target's own greedy continuation
+    oracle.py      a testing/benchmarking aid: drafts are the target's own greedy continuation
     decoder.py     one speculative decode round (draft -> verify -> accept) and the state fix-up
+    build.py       startup checks and construction from EngineConfig
+    load.py        loading the MTP head and proposal head from the artifact (only with --spec)
+
+Engine hooks (the only places the engine knows about speculation): the runner hands decode plans
+to `SpecDecoder.decode`, and reports slot operations and prefill hidden rows to it; the engine
+commits each row's run token by token until a stop or the length limit, then calls
+`SpecRound.finalize` with the committed counts.
 """
