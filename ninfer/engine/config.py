@@ -28,6 +28,8 @@ class EngineConfig:
     # Ids at or above this are never sampled: the embedding table is padded past the tokenizer's
     # vocabulary (248320 rows for 248077 ids). None = every row of the lm_head.
     vocab_limit: int | None = None
+    # KV storage: None = the model dtype; "int8" = per-token per-head int8 with fp32 scales.
+    kv_dtype: str | None = None
     no_cuda_graph: bool = False  # decode eagerly instead of replaying one CUDA graph per batch size
     compile: bool = False  # run the decode step through torch.compile (inductor)
     # Speculative decoding (frozen at startup; without a method no MTP weights or buffers exist).

@@ -39,7 +39,7 @@ from ninfer.engine.spec import counters as spec_counters
 from ninfer.engine.spec.build import build_spec, check_spec, draft_slots
 from ninfer.engine.stops import Detokenizer, StopChecker
 from ninfer.engine.tickets import Ticket, TicketBook
-from ninfer.model.cache import KVPool, StatePool
+from ninfer.model.cache import KVPool, StatePool, kv_storage_dtype
 
 if TYPE_CHECKING:
     from ninfer.engine.spec.draft_head import DraftHead
@@ -74,8 +74,11 @@ class Engine:
             self.dtype,
             self.device,
             weights,
+            kv_storage_dtype(config.kv_dtype) if config.kv_dtype else None,
         )
-        self.kv = KVPool.for_config(self.text_config, self.ledger.num_pages, self.dtype, self.device)
+        self.kv = KVPool.for_config(
+            self.text_config, self.ledger.num_pages, self.dtype, self.device, kv_dtype=config.kv_dtype
+        )
         self.states = StatePool.for_config(self.text_config, self.layout.num_slots, self.dtype, self.device)
         self.allocator = PageAllocator(self.ledger.num_pages)
         self.cache = PrefixCache(make_lanes(self.layout), self.allocator, enabled=not config.no_prefix_reuse)

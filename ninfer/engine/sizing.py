@@ -8,16 +8,16 @@ import torch
 
 from ninfer.engine.api import EngineConfigError
 from ninfer.engine.pages import PAGE, pages_for
+from ninfer.model.cache import KVPool
 from ninfer.model.config import TextConfig
 
 GIB = 1 << 30
 AUTO_HEADROOM = GIB  # kept free by `kv_capacity=auto`
 
 
-def page_bytes(cfg: TextConfig, dtype: torch.dtype) -> int:
-    """Bytes of one 64-token page across every full-attention layer (K and V)."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return len(cfg.attention_layers) * 2 * PAGE * cfg.num_key_value_heads * cfg.head_dim * elem
+def page_bytes(cfg: TextConfig, kv_dtype: torch.dtype) -> int:
+    """Bytes of one 64-token page across every full-attention layer (K and V, plus int8 scales)."""
+    return PAGE * KVPool.bytes_per_token(cfg, kv_dtype)
 
 
 def slot_bytes(cfg: TextConfig, dtype: torch.dtype) -> int:
@@ -88,13 +88,17 @@ def resolve_kv(
     dtype: torch.dtype,
     device: torch.device,
     weights_bytes: int,
+    kv_dtype: torch.dtype | None = None,
 ) -> SizingLedger:
-    """Resolve `kv_capacity` (tokens, "auto", or None = max_context) and validate it."""
+    """Resolve `kv_capacity` (tokens, "auto", or None = max_context) and validate it.
+
+    `dtype` is the model dtype (conv states, workspace); `kv_dtype` the KV storage (None = dtype).
+    """
     if max_context <= 0:
         raise EngineConfigError(f"max_context must be positive, got {max_context}")
     if not 1 <= max_concurrency <= 8:
         raise EngineConfigError(f"max_concurrency must be in 1..8, got {max_concurrency}")
-    pb, sb = page_bytes(cfg, dtype), slot_bytes(cfg, dtype)
+    pb, sb = page_bytes(cfg, kv_dtype or dtype), slot_bytes(cfg, dtype)
     ws = workspace_bytes(cfg, prefill_chunk, max_concurrency)
     free: int | None = None
     headroom = 0
