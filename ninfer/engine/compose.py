@@ -50,6 +50,8 @@ def engine_config(
         thinking_preset=sampler_preset(artifact.model_id, artifact.family, True),
         non_thinking_preset=sampler_preset(artifact.model_id, artifact.family, False),
         vocab_limit=vocab_limit,
+        # "bf16" is the contract's default and means the model's own dtype (fp32 on a CPU run)
+        kv_dtype="int8" if settings.kv.dtype == "int8" else None,
         **spec_fields(settings.spec),
     )
 
