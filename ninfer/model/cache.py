@@ -192,6 +192,9 @@ class ForwardBatch:
     # verification: continue later from the slot of the last accepted token). None: the state
     # after the last token overwrites `slots`. A row whose `slots` entry is < 0 is padding.
     write_slots: torch.Tensor | None = None
+    # [B, q, H] or None. Given (a multimodal prefill chunk): the input embeddings, vision rows
+    # already scattered over their placeholder tokens; `input_ids` are then not embedded.
+    embeds: torch.Tensor | None = None
 
     def validate(self) -> None:
         b, q = self.input_ids.shape
@@ -203,6 +206,8 @@ class ForwardBatch:
             raise ValueError(f"page_table must be [B, max_pages], got {tuple(self.page_table.shape)}")
         if self.write_slots is not None and tuple(self.write_slots.shape) != (b, q):
             raise ValueError(f"write_slots must be [B, q] = {(b, q)}, got {tuple(self.write_slots.shape)}")
+        if self.embeds is not None and tuple(self.embeds.shape[:2]) != (b, q):
+            raise ValueError(f"embeds must be [B, q, H] with B, q = {(b, q)}, got {tuple(self.embeds.shape)}")
 
     def gdn_write_slots(self) -> torch.Tensor:
         """[B, q] slot receiving the GDN state after each token: `write_slots`, or -1 except the last

@@ -57,7 +57,7 @@ class Qwen35Model(nn.Module):
         """Run q new tokens of B sequences. -> hidden [B, q, H] after the final norm."""
         if self.rotary is None:
             raise RuntimeError("call init_buffers(device) (or build the model with load_model) first")
-        x = self.embed_tokens(batch.input_ids)  # [B, q, H]
+        x = self.embed_tokens(batch.input_ids) if batch.embeds is None else batch.embeds  # [B, q, H]
         cos, sin = self.rotary(batch.positions, x.dtype)  # [B, q, rot]
         slots = GDNSlots(batch.slots, batch.gdn_write_slots(), batch.write_slots is not None)
         for layer, j in zip(self.layers, self.pool_index, strict=True):
