@@ -8,7 +8,10 @@ read `StepOutput`s from the returned handle on their own thread.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from ninfer.engine.multimodal import MultimodalPrompt
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -51,6 +54,9 @@ class GenerationRequest:
     # frontier after the generation prologue. Both optional; the engine decides what it retains.
     turn_checkpoint: int | None = None
     response_checkpoint: int | None = None
+    # Media of an expanded prompt (images / videos): payloads, consumer spans, 3-axis positions.
+    # Requires an engine built with a vision tower. The engine closes it when done with it.
+    multimodal: MultimodalPrompt | None = None
 
 
 @dataclass
@@ -72,6 +78,7 @@ class RequestStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     total_s: float = 0.0
+    vision_s: float = 0.0  # vision tower seconds of this request's prefill chunks
     speculative: dict[str, object] = field(default_factory=dict)
 
 

@@ -69,3 +69,14 @@ def engine_parts(
     tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
     config = engine_config(settings, artifact, device, dtype, vocab_limit=tokenizer.vocab_size)
     return model, config, lambda: IncrementalDetokenizer(tokenizer), draft_head
+
+
+def vision_tower(artifact: Any, config: EngineConfig) -> torch.nn.Module:
+    """The artifact's `vision` component as a tower on the engine's device and dtype (--vision only)."""
+    from ninfer.model.vision import VisionConfig, load_vision_tower
+
+    vision_cfg = artifact.config.vision
+    if vision_cfg is None or not artifact.has_component("vision"):
+        raise ValueError(f"{artifact.path}: vision is enabled but the artifact carries no vision tower")
+    tensors = artifact.load_tensors("vision")
+    return load_vision_tower(VisionConfig.from_hf(vision_cfg), tensors, _DTYPES[config.dtype], config.device)

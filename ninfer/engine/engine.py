@@ -17,6 +17,7 @@ import torch
 
 from ninfer.engine.api import (
     ContextLengthExceeded,
+    EngineConfigError,
     EngineError,
     EngineStopped,
     GenerationRequest,
@@ -27,6 +28,7 @@ from ninfer.engine.api import (
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.counters import Counters
 from ninfer.engine.handle import RequestHandle
+from ninfer.engine.multimodal import MediaEncoder
 from ninfer.engine.pages import PageAllocator, pages_for
 from ninfer.engine.plan import DecodePlan, PrefillPlan
 from ninfer.engine.prefix_cache import PrefixCache
@@ -54,6 +56,7 @@ class Engine:
         config: EngineConfig,
         detokenizer_factory: Callable[[], Detokenizer] | None = None,
         draft_head: DraftHead | None = None,
+        vision: torch.nn.Module | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -62,6 +65,10 @@ class Engine:
         self.dtype = _DTYPES[config.dtype]
         self.detokenizer_factory = detokenizer_factory
         check_spec(config, model, draft_head)
+        if vision is not None and config.spec_method is not None:
+            raise EngineConfigError("speculative decoding with vision input is not supported in this build")
+        # vision residency is frozen here: without a tower, multimodal requests are refused
+        self.media = MediaEncoder(vision, self.device) if vision is not None else None
         self.layout = SlotLayout(lanes=config.max_concurrency, draft_slots=draft_slots(config))
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         self.ledger: SizingLedger = resolve_kv(
@@ -96,6 +103,7 @@ class Engine:
             cuda_graphs=not config.no_cuda_graph and self.spec is None,  # spec rounds run eagerly
             compile=config.compile,
             spec=self.spec,
+            media=self.media,
         )
         self.tickets = TicketBook(
             config.max_concurrency + config.max_pending, config.pending_timeout_ms / 1000
@@ -120,7 +128,12 @@ class Engine:
         from ninfer.engine.compose import engine_parts
 
         model, config, detok, draft_head = engine_parts(settings, artifact)
-        return cls(model, config, detok, draft_head)
+        vision = None
+        if settings.vision.enabled:
+            from ninfer.engine.compose import vision_tower
+
+            vision = vision_tower(artifact, config)
+        return cls(model, config, detok, draft_head, vision)
 
     # ----- caller threads -----
     def start(self) -> Engine:
@@ -150,6 +163,12 @@ class Engine:
         vocab = self.text_config.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise ValueError(f"prompt token id outside the model vocabulary [0, {vocab})")
+        mm = request.multimodal
+        if mm is not None:
+            if self.media is None:
+                raise ValueError("media input needs an engine started with vision enabled")
+            if tuple(mm.positions.shape) != (3, len(prompt)):
+                raise ValueError(f"multimodal positions must be [3, {len(prompt)}]")
         ctx = self.config.max_context
         if len(prompt) + 1 > ctx:
             raise ContextLengthExceeded(len(prompt), ctx)
@@ -272,6 +291,9 @@ class Engine:
             seq = self._seqs[plan.seq_id]
             sched.prefill_done(seq, plan)
             seq.stats.computed_prefill_tokens += len(plan.tokens)
+            seq.stats.vision_s += result.vision_seconds
+            if seq.phase == DECODE:
+                self._drop_media(seq)  # the prompt is in the cache: its payloads are not needed
             self.counters.add(prefill_tokens=len(plan.tokens), prefill_seconds=result.seconds)
             if result.tokens:
                 seq.t_first = now
@@ -362,13 +384,22 @@ class Engine:
             st.prefill_s = seq.t_first - seq.t_admit
             st.decode_s = now - seq.t_first
 
+    def _drop_media(self, seq: Seq) -> None:
+        mm = seq.request.multimodal
+        if mm is not None:
+            if self.media is not None:
+                self.media.forget(mm)
+            mm.close()
+
     def _end(self, seq: Seq, out: StepOutput, keep: bool) -> None:
+        self._drop_media(seq)
         self.scheduler.finish(seq, keep=keep)
         self._close_stats(seq)
         del self._seqs[seq.id]
         self._handles.pop(seq.id)._put(out)
 
     def _fail(self, seq: Seq, exc: EngineError) -> None:
+        self._drop_media(seq)
         self.scheduler.finish(seq, keep=False)
         self._close_stats(seq)
         del self._seqs[seq.id]

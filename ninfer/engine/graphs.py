@@ -31,14 +31,17 @@ def pack(
     slots: Sequence[int],
     pages: Sequence[Sequence[int]],
     max_pages: int,
+    offsets: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Write a batch of B rows of q tokens into the flat int64 host buffer `out` [packed_len];
-    page-table rows are right-padded with -1. Returns `out`."""
+    page-table rows are right-padded with -1. `offsets` (per row, e.g. a multimodal rope_delta) are
+    added to the positions. Returns `out`."""
     b, q = len(tokens), len(tokens[0])
     n = b * q
     out[:n] = torch.tensor(tokens, dtype=torch.int64).view(-1)
     lens = torch.tensor(starts, dtype=torch.int64)  # [B]
-    out[n : 4 * n].view(3, b, q)[:] = lens[:, None] + torch.arange(q)  # [3, B, q], equal streams
+    first = lens if offsets is None else lens + torch.tensor(offsets, dtype=torch.int64)
+    out[n : 4 * n].view(3, b, q)[:] = first[:, None] + torch.arange(q)  # [3, B, q], equal streams
     out[4 * n : 4 * n + b] = torch.tensor(slots, dtype=torch.int64)
     out[4 * n + b : 4 * n + 2 * b] = lens
     table = out[4 * n + 2 * b :].view(torch.int32)[: b * max_pages].view(b, max_pages)

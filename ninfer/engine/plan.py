@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from ninfer.engine.sampler import RowSampler
 
 if TYPE_CHECKING:
+    from ninfer.engine.multimodal import MultimodalPrompt
     from ninfer.engine.spec.decoder import SpecRound
 
 
@@ -31,6 +32,7 @@ class PrefillPlan:
     ops_before: list[SlotOp] = field(default_factory=list)  # restores / resets
     ops_after: list[SlotOp] = field(default_factory=list)  # checkpoint captures at the chunk end
     sampler: RowSampler | None = None  # set on the prompt's last chunk: sample the first token
+    multimodal: MultimodalPrompt | None = None  # the request's media: chunk embeddings and positions
 
 
 @dataclass
@@ -41,6 +43,7 @@ class DecodeRow:
     slot: int
     pages: list[int]
     sampler: RowSampler
+    rope_delta: int = 0  # multimodal prompts: positions are position + rope_delta on all three streams
 
 
 @dataclass
@@ -60,5 +63,6 @@ class StepResult:
     seq_ids: list[int]
     tokens: list[int]
     seconds: float = 0.0
+    vision_seconds: float = 0.0  # vision tower time inside a multimodal prefill chunk
     # speculative decode rounds: per-row runs of tokens to commit, and the state fix-up to call
     spec: SpecRound | None = None

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ninfer.engine.api import ReusePath
+from ninfer.engine.multimodal import SpanKey, media_prefix_limit
 from ninfer.engine.pages import PageAllocator, pages_for
 from ninfer.engine.plan import SlotOp
 from ninfer.engine.slots import RESPONSE, TURN, Lane
@@ -63,11 +64,13 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
-def match_lane(lane: Lane, prompt: Sequence[int]) -> ReuseMatch | None:
-    """The best resume point of `prompt` on one resident lane, or None."""
+def match_lane(lane: Lane, prompt: Sequence[int], media: Sequence[SpanKey] = ()) -> ReuseMatch | None:
+    """The best resume point of `prompt` (with the span keys of its media) on one resident lane, or None."""
     if lane.computed == 0:
         return None
     n = _lcp(lane.tokens[: lane.computed], prompt[: lane.computed])
+    if lane.media or media:  # a changed earlier image / video ends the reusable prefix at its span
+        n = media_prefix_limit(lane.media, media, n)
     best: ReuseMatch | None = None
     if n == lane.computed and len(prompt) > n:
         best = ReuseMatch(lane, n, "append_frontier", None)
@@ -93,12 +96,12 @@ class PrefixCache:
     def idle_lanes(self) -> list[Lane]:
         return [ln for ln in self.lanes if ln.active is None]
 
-    def best_match(self, prompt: Sequence[int]) -> ReuseMatch | None:
+    def best_match(self, prompt: Sequence[int], media: Sequence[SpanKey] = ()) -> ReuseMatch | None:
         if not self.enabled:
             return None
         best: ReuseMatch | None = None
         for lane in self.residents():
-            m = match_lane(lane, prompt)
+            m = match_lane(lane, prompt, media)
             if m is not None and (
                 best is None
                 or m.cached > best.cached
@@ -108,12 +111,14 @@ class PrefixCache:
         return best
 
     # ----- admission -----
-    def admit(self, seq_id: int, prompt: Sequence[int], need_pages: int) -> Admission | None:
+    def admit(
+        self, seq_id: int, prompt: Sequence[int], need_pages: int, media: Sequence[SpanKey] = ()
+    ) -> Admission | None:
         """Grant a lane plus `need_pages` pages in total, or None (nothing is changed)."""
         idle = self.idle_lanes()
         if not idle:
             return None
-        match = self.best_match(prompt)
+        match = self.best_match(prompt, media)
         if match is not None:
             lane = match.lane
         else:
@@ -150,6 +155,7 @@ class PrefixCache:
             lane.tokens = lane.tokens[:cached]
             lane.computed = cached
         lane.pages.extend(self.allocator.alloc(need_pages - len(lane.pages)))
+        lane.media = tuple(media)
         lane.active = seq_id
         self._tick += 1
         lane.last_used = self._tick

@@ -24,6 +24,7 @@ from ninfer.engine.sampler import sample_rows
 from ninfer.model.cache import ForwardBatch, KVPool, StatePool
 
 if TYPE_CHECKING:
+    from ninfer.engine.multimodal import MediaEncoder
     from ninfer.engine.spec.decoder import SpecDecoder
 
 
@@ -50,8 +51,10 @@ class Runner:
         compile: bool = False,
         capture: CaptureBackend | None = None,
         spec: SpecDecoder | None = None,
+        media: MediaEncoder | None = None,
     ) -> None:
         self.model = model
+        self.media = media  # vision: multimodal prefill chunks (None = text only)
         self.spec = spec  # speculative decoding: decode rounds go through it, slot ops and prefill feed it
         self.vocab_limit = vocab_limit
         self.kv = kv
@@ -127,16 +130,22 @@ class Runner:
         starts: Sequence[int],
         slots: Sequence[int],
         pages: Sequence[Sequence[int]],
+        offsets: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """The batch as one flat int64 host buffer (pinned for a GPU)."""
         words = packed_len(len(tokens), len(tokens[0]), self.max_pages)
-        return pack(host_buffer(words, self.device), tokens, starts, slots, pages, self.max_pages)
+        return pack(host_buffer(words, self.device), tokens, starts, slots, pages, self.max_pages, offsets)
 
     def _batch(
-        self, tokens: list[list[int]], starts: list[int], slots: list[int], pages: list[list[int]]
+        self,
+        tokens: list[list[int]],
+        starts: list[int],
+        slots: list[int],
+        pages: list[list[int]],
+        offsets: list[int] | None = None,
     ) -> ForwardBatch:
         """An eager batch: one host->device copy; attention may stop at the longest sequence."""
-        host = self._pack(tokens, starts, slots, pages)
+        host = self._pack(tokens, starts, slots, pages, offsets)
         flat = host.to(self.device, non_blocking=True)
         b, q = len(tokens), len(tokens[0])
         return unpack(flat, b, q, self.max_pages, max_kv_len=max(starts) + q)
@@ -156,14 +165,22 @@ class Runner:
     def _prefill(self, plan: PrefillPlan) -> StepResult:
         self._slot_ops(plan.ops_before)
         batch = self._batch([plan.tokens], [plan.start], [plan.slot], [plan.pages])
+        vision_s = 0.0
+        if plan.multimodal is not None:
+            if self.media is None:
+                raise RuntimeError("a multimodal prompt reached an engine without a vision tower")
+            batch.embeds, batch.positions, vision_s = self.media.chunk(
+                self.model, plan.multimodal, batch.input_ids, plan.start
+            )
         hidden = self.model(batch, self.kv, self.states)  # [1, q, H]
         if self.spec is not None:
             self.spec.after_prefill(plan.slot, plan.start, plan.tokens, hidden[0], plan.pages)
         self._slot_ops(plan.ops_after)
         if plan.sampler is None:
-            return StepResult(seq_ids=[], tokens=[])
+            return StepResult(seq_ids=[], tokens=[], vision_seconds=vision_s)
         logits = self._logits(hidden[:, -1])  # [1, V] float32
-        return StepResult(seq_ids=[plan.seq_id], tokens=sample_rows(logits, [plan.sampler]))
+        tokens = sample_rows(logits, [plan.sampler])
+        return StepResult(seq_ids=[plan.seq_id], tokens=tokens, vision_seconds=vision_s)
 
     def _decode(self, plan: DecodePlan) -> StepResult:
         if self.spec is not None:
@@ -172,10 +189,11 @@ class Runner:
         b = len(rows)
         tokens = [[r.token] for r in rows]
         starts, slots, pages = [r.position for r in rows], [r.slot for r in rows], [r.pages for r in rows]
+        offsets = [r.rope_delta for r in rows] if any(r.rope_delta for r in rows) else None
         if self.graphs is not None and self.graphs.has(b):
-            logits = self.graphs.run(self._pack(tokens, starts, slots, pages), b)  # [B, V] float32
+            logits = self.graphs.run(self._pack(tokens, starts, slots, pages, offsets), b)  # [B, V] float32
         else:
-            logits = self._step(self._batch(tokens, starts, slots, pages))
+            logits = self._step(self._batch(tokens, starts, slots, pages, offsets))
         out = sample_rows(logits, [r.sampler for r in rows])
         return StepResult(seq_ids=[r.seq_id for r in rows], tokens=out)
 

@@ -87,7 +87,8 @@ class Scheduler:
         admitted: list[Seq] = []
         while self.waiting and len(self.active) < self.max_concurrency:
             seq = self.waiting[0]
-            adm = self.cache.admit(seq.id, seq.prompt, seq.need_pages)
+            mm = seq.request.multimodal
+            adm = self.cache.admit(seq.id, seq.prompt, seq.need_pages, mm.keys() if mm is not None else ())
             if adm is None:
                 break
             self.waiting.popleft()
@@ -160,6 +161,7 @@ class Scheduler:
             ops_before=ops_before,
             ops_after=ops_after,
             sampler=seq.sampler if end == len(seq.prompt) else None,
+            multimodal=seq.request.multimodal,
         )
 
     def _decode_row(self, seq: Seq) -> DecodeRow:
@@ -172,6 +174,7 @@ class Scheduler:
             slot=lane.live_slot,
             pages=lane.pages,
             sampler=seq.sampler,
+            rope_delta=seq.request.multimodal.rope_delta if seq.request.multimodal is not None else 0,
         )
 
     # ----- applying results -----

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 TURN = "turn"  # snapshot at the end of the closed history (before the open assistant turn)
 RESPONSE = "response"  # snapshot at the prompt frontier (after the generation prologue)
@@ -61,6 +62,8 @@ class Lane:
     checkpoints: dict[str, int] = field(default_factory=dict)
     active: int | None = None  # id of the sequence running on this lane, None when idle
     last_used: int = 0  # LRU tick of the last time the lane was active
+    # consumer-span keys (`ninfer.engine.multimodal.SpanKey`) of the media inside `tokens`
+    media: tuple[Any, ...] = ()
 
     @property
     def resident(self) -> bool:
@@ -73,6 +76,7 @@ class Lane:
         self.tokens = []
         self.computed = 0
         self.checkpoints = {}
+        self.media = ()
         return pages
 
 

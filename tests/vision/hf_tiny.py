@@ -53,14 +53,15 @@ def _text(kind: str) -> dict[str, Any]:
     return text
 
 
-def hf_vl_model(kind: str = "dense", seed: int = 0) -> torch.nn.Module:
-    """`Qwen3_5(Moe)ForConditionalGeneration` with random weights (LayerNorm affine terms included)."""
+def hf_vl_model(kind: str = "dense", seed: int = 0, **top: Any) -> torch.nn.Module:
+    """`Qwen3_5(Moe)ForConditionalGeneration` with random weights (LayerNorm affine terms included);
+    `top` overrides top-level config fields (e.g. the media token ids)."""
     cls_cfg, cls = (
         (Qwen3_5Config, Qwen3_5ForConditionalGeneration)
         if kind == "dense"
         else (Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration)
     )
-    cfg = cls_cfg(text_config=_text(kind), vision_config=dict(VISION), tie_word_embeddings=False)
+    cfg = cls_cfg(text_config=_text(kind), vision_config=dict(VISION), tie_word_embeddings=False, **top)
     torch.manual_seed(seed)
     model = cls(cfg).eval()
     with torch.no_grad():
