@@ -14,6 +14,7 @@ from ninfer.artifact import registry
 from ninfer.artifact.errors import ArtifactError
 from ninfer.artifact.hf_source import HfSource, read_hf_source
 from ninfer.artifact.manifest import ArtifactIdentity
+from ninfer.artifact.reader import MEDIA_CONFIGS, MEDIA_DIR
 from ninfer.artifact.shapes import expected_shapes
 from ninfer.artifact.writer import SHARD_BYTES, ArtifactWriter, generation_json
 from ninfer.model.config import TextConfig, UnknownArchitectureError
@@ -200,4 +201,7 @@ def convert(
         writer.write_json("generation.json", generation_json(config.eos_token_ids, src.generation_config))
         writer.write_text("frontend/chat_template.jinja", chat_template)
         write_tokenizer(writer, src.tokenizer_json)
+        for name in MEDIA_CONFIGS:  # the image / video processor parameters, when the checkpoint has them
+            if (src.root / name).is_file():
+                writer.copy_file(f"{MEDIA_DIR}/{name}", src.root / name)
         return writer.finish(_identity(src, config, chat_template, model_id))

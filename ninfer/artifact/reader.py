@@ -21,6 +21,8 @@ TOKENIZER = "tokenizer/tokenizer.json"
 TEMPLATE = "frontend/chat_template.jinja"
 GENERATION = "generation.json"
 REQUIRED = (CONFIG, TOKENIZER, TEMPLATE, GENERATION)
+MEDIA_DIR = "media"  # optional: the checkpoint's image / video processor configs
+MEDIA_CONFIGS = ("preprocessor_config.json", "video_preprocessor_config.json")
 
 
 def _load_json(path: Path) -> Any:
@@ -84,6 +86,11 @@ class Artifact:
 
     def has_component(self, name: str) -> bool:
         return name in self.manifest.components
+
+    def media_config(self, name: str) -> dict[str, Any] | None:
+        """A processor config carried from the checkpoint (`MEDIA_CONFIGS`), or None when absent."""
+        path = self.path / MEDIA_DIR / name
+        return _load_json(path) if path.is_file() else None
 
     def _component(self, name: str) -> dict[str, dict[str, TensorInfo]]:
         if name not in self.manifest.components:
