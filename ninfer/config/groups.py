@@ -118,6 +118,10 @@ class VisionSettings(BaseSettings):
     media_cache_mib: Int = Field(1024, ge=0)
     media_live_mib: Int = Field(2048, ge=1)
     media_preprocess_threads: Int = Field(0, ge=0)
+    # media URLs may name loopback / private / link-local hosts (off: such URLs are refused)
+    allow_private_media_urls: bool = False
+    media_max_fetch_mib: Int = Field(64, ge=1)  # one acquired media item
+    media_fetch_timeout_s: float = Field(30.0, gt=0)  # one HTTP(S) acquisition, redirects included
 
 
 class ColdTierSettings(BaseSettings):
