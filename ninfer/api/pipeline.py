@@ -80,9 +80,9 @@ class Pipeline:
 
     def count_tokens(self, job: GenerationJob) -> int:
         """Prompt tokens of a job without generating (not a measurement request)."""
-        return len(
-            self.prompts.prepare(job.conversation, job.controls, bool(job.shape.get("tools"))).token_ids
-        )
+        prepared = self.prompts.prepare(job.conversation, job.controls, bool(job.shape.get("tools")))
+        prepared.release_media()  # counting needs only the grids
+        return len(prepared.token_ids)
 
     def open(self, job: GenerationJob) -> Generation:
         """Reserve, prepare and submit; raise ApiError (with an HTTP status) on any synchronous failure.
@@ -94,9 +94,14 @@ class Pipeline:
         t0 = time.monotonic()
         tools = bool(job.shape.get("tools"))
         ticket: Ticket | None = None
+        prepared: Prepared | None = None
+        handle: Handle | None = None
         try:
             ticket = self.engine.reserve()
-            prepared = self.prompts.prepare(job.conversation, job.controls, tools)
+            # media preparation shares the request's admission deadline
+            prepared = self.prompts.prepare(
+                job.conversation, job.controls, tools, getattr(ticket, "deadline", None)
+            )
             room = self.config.max_context - len(prepared.token_ids)
             if room <= 0:
                 raise context_error(len(prepared.token_ids), self.config.max_context)
@@ -109,10 +114,13 @@ class Pipeline:
                 thinking=prepared.thinking,
                 turn_checkpoint=prepared.turn_checkpoint,
                 response_checkpoint=prepared.response_checkpoint,
+                multimodal=prepared.multimodal,
             )
             decoder = self.prompts.decoder(prepared, job.conversation.tools)
             handle = self.engine.submit(ticket, request)
         except Exception as exc:
+            if prepared is not None and handle is None:
+                prepared.release_media()  # the engine never took the payloads
             if ticket is not None:
                 ticket.release()
             error = engine_error(exc)

@@ -23,6 +23,14 @@ class Prepared:
     turn_checkpoint: int | None = None
     response_checkpoint: int | None = None
     media_items: int = 0
+    # expanded media (vision on): the engine's input, owning the payload references until closed
+    multimodal: Any = None
+    media_log: dict[str, Any] | None = None  # request-log acquisition / preprocessing / cache fields
+
+    def release_media(self) -> None:
+        """Let go of the payloads when the engine never takes them (a failed submit, a count)."""
+        if self.multimodal is not None:
+            self.multimodal.close()
 
 
 class OutputDecoder(Protocol):
@@ -41,8 +49,11 @@ class OutputDecoder(Protocol):
 class PromptPort(Protocol):
     """Conversation -> tokens, and tokens -> events, for the loaded artifact."""
 
-    def prepare(self, conversation: Any, controls: RequestOptions, tools_present: bool) -> Prepared:
-        """Resolve template options and render; raises ApiError for any request-caused failure."""
+    def prepare(
+        self, conversation: Any, controls: RequestOptions, tools_present: bool, deadline: float | None = None
+    ) -> Prepared:
+        """Resolve template options, render and prepare media (until the monotonic `deadline`);
+        raises ApiError for any request-caused failure."""
         ...
 
     def decoder(self, prepared: Prepared, tools: list[Any]) -> OutputDecoder:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ninfer.api import events as ev
 from ninfer.api.errors import ApiError, invalid
+from ninfer.api.media_prompt import MediaPrompts
 from ninfer.api.ports import Prepared
 from ninfer.engine.api import StepOutput
 from ninfer.frontend import parser as fp
@@ -78,13 +79,22 @@ class FrontendDecoder:
 class FrontendPrompts:
     """PromptPort over the artifact's chat template and tokenizer."""
 
-    def __init__(self, template: str, tokenizer: Tokenizer, defaults: ServerDefaults) -> None:
+    def __init__(
+        self, template: str, tokenizer: Tokenizer, defaults: ServerDefaults, media: MediaPrompts | None = None
+    ) -> None:
+        self.media = media  # None: vision off (media parts are refused while parsing)
         self.template = template
         self.tokenizer = tokenizer
         self.defaults = defaults
         self.caps = resolve_capabilities(template)
 
-    def prepare(self, conversation: Conversation, controls: RequestOptions, tools_present: bool) -> Prepared:
+    def prepare(
+        self,
+        conversation: Conversation,
+        controls: RequestOptions,
+        tools_present: bool,
+        deadline: float | None = None,
+    ) -> Prepared:
         try:
             options = resolve_options(controls, self.caps, self.defaults)
         except FrontendError as exc:
@@ -96,8 +106,26 @@ class FrontendPrompts:
                 "messages", f"the chat template rejected the conversation: {exc}", "invalid_prompt"
             ) from None
         if prompt.media:
-            raise ApiError(
-                501, "media_not_implemented", "media input is not available in this build", "messages"
+            if self.media is None:
+                raise ApiError(
+                    400,
+                    "vision_disabled",
+                    "media input requires a server started with vision enabled",
+                    "messages",
+                )
+            exp = self.media.expand(
+                prompt.token_ids, prompt.media, deadline, prompt.turn_checkpoint, prompt.response_checkpoint
+            )
+            return Prepared(
+                token_ids=exp.token_ids,
+                thinking=options.thinking,
+                preserve_thinking=options.preserve_thinking,
+                effort=options.effort,
+                turn_checkpoint=exp.turn_checkpoint,
+                response_checkpoint=exp.response_checkpoint,
+                media_items=len(prompt.media),
+                multimodal=exp.multimodal,
+                media_log=exp.log,
             )
         return Prepared(
             token_ids=tuple(prompt.token_ids),

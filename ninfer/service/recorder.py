@@ -34,7 +34,7 @@ def phase_seconds(prepare_s: float, stats: RequestStats) -> dict[str, float]:
         "prepare": prepare_s,
         "queue": stats.queue_s,
         "ttft": prepare_s + stats.ttft_s if first else 0.0,
-        "vision": 0.0,  # no vision encoder runs in this build
+        "vision": stats.vision_s,
         "prefill": stats.prefill_s,
         "decode": stats.decode_s,
         "total": prepare_s + stats.total_s,
@@ -105,6 +105,7 @@ class Recorder:
             shape=job.shape,
             prompt_tokens=len(prepared.token_ids),
             media_items=prepared.media_items,
+            media=prepared.media_log,
             resolved_sampling=stats.resolved_sampling,
             seed=stats.seed,
             **config,

@@ -115,7 +115,12 @@ class ServiceRuntime:
         )
         tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
         defaults = ServerDefaults(self.options.thinking_default, self.options.preserve_thinking_default)
-        prompts = FrontendPrompts(artifact.chat_template, tokenizer, defaults)
+        media = None
+        if self.settings.vision.enabled:  # media preparation exists only with --vision
+            from ninfer.api.media_prompt import build_media_prompts
+
+            media = build_media_prompts(self.settings, artifact, tokenizer.encode)
+        prompts = FrontendPrompts(artifact.chat_template, tokenizer, defaults, media)
         self.engine = self.engine_factory(self.settings, artifact)  # loads the weights
         self.engine.start()
         config = PipelineConfig(self.options.max_context, self.options.default_max_tokens)

@@ -1,0 +1,165 @@
+"""Media of a rendered prompt: prepare the items, expand their placeholders, build the engine's multimodal input.
+
+`MediaPrompts.expand(token_ids, parts, deadline, turn, response)` runs the request's media through
+`MediaPreparer` (bounded pool, cache, budgets; the permit waits until the request's deadline),
+expands every ``<|image_pad|>`` / ``<|video_pad|>`` to its grid, moves the checkpoint boundaries
+accordingly and returns the engine's `MultimodalPrompt` (which owns the payload references until
+the engine or the caller closes it) plus the request-log fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ninfer.api.errors import ApiError
+from ninfer.engine.multimodal import MultimodalPrompt
+from ninfer.frontend.conversation import ImagePart, VideoPart
+from ninfer.media.cache import PreparationTimeout
+from ninfer.media.config import IMAGE, VIDEO
+from ninfer.media.errors import MediaError
+from ninfer.media.prepare import MediaItem, MediaPreparer, PreparedRequest, RequestLimits
+from ninfer.model.mrope_index import MMTokenIds, build_mm_positions, expand_placeholders
+
+
+@dataclass(frozen=True)
+class ExpandedMedia:
+    token_ids: tuple[int, ...]
+    multimodal: MultimodalPrompt
+    turn_checkpoint: int | None
+    response_checkpoint: int | None
+    log: dict[str, Any]
+
+
+def media_api_error(exc: BaseException) -> ApiError:
+    """MediaError -> 400 with its code; a preparation timeout -> 503 request_queue_timeout."""
+    if isinstance(exc, MediaError):
+        return ApiError(400, exc.code, exc.message, "messages")
+    if isinstance(exc, PreparationTimeout):
+        return ApiError(503, "request_queue_timeout", f"media preparation did not finish in time: {exc}")
+    raise TypeError(f"not a media error: {exc!r}")
+
+
+def _log(prep: PreparedRequest) -> dict[str, Any]:
+    c = prep.counters
+    return {
+        "acquire_seconds": prep.acquire_seconds,
+        "preprocess_seconds": prep.prepare_seconds,
+        "preprocess_work_seconds": c.build_seconds,
+        "cache_hits": c.hits,
+        "cache_misses": c.misses,
+        "single_flight_waits": c.single_flight_waits,
+        "source_bytes": prep.source_bytes,
+        "payload_bytes": prep.payload_bytes,
+        "built_bytes": c.built_bytes,
+        "reused_bytes": c.reused_bytes,
+    }
+
+
+class MediaPrompts:
+    """The media half of prompt preparation for one loaded artifact (vision enabled)."""
+
+    def __init__(
+        self,
+        preparer: MediaPreparer,
+        max_context: int,
+        encode_text: Callable[[str], list[int]],
+        ids: MMTokenIds = MMTokenIds(),
+        merge: int = 2,
+    ) -> None:
+        self.preparer = preparer
+        self.limits = RequestLimits.for_context(max_context)
+        self.encode_text = encode_text
+        self.ids = ids
+        self.merge = merge
+
+    def expand(
+        self,
+        token_ids: Sequence[int],
+        parts: Sequence[ImagePart | VideoPart],
+        deadline: float | None,
+        turn: int | None,
+        response: int | None,
+    ) -> ExpandedMedia:
+        items = [MediaItem(IMAGE if isinstance(p, ImagePart) else VIDEO, p.url) for p in parts]
+        try:
+            prep = self.preparer.prepare(items, self.limits, deadline)
+        except (MediaError, PreparationTimeout) as exc:
+            raise media_api_error(exc) from None
+        try:
+            return self._expand(token_ids, prep, turn, response)
+        except BaseException:
+            prep.release()
+            raise
+
+    def _expand(
+        self, token_ids: Sequence[int], prep: PreparedRequest, turn: int | None, response: int | None
+    ) -> ExpandedMedia:
+        media = prep.media
+        try:
+            exp = expand_placeholders(token_ids, media, self.encode_text, self.ids, self.merge)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_media", f"media placeholders: {exc}", "messages") from None
+        images = [m.grid_thw for m in media if m.modality == IMAGE]
+        videos = [m.grid_thw for m in media if m.modality == VIDEO]
+        positions, delta = build_mm_positions(exp.token_ids, images, videos, self.ids, self.merge)
+        shift = self._shifts(token_ids, media)
+        mm = MultimodalPrompt(media, exp.spans, positions, delta, prep.release)
+        return ExpandedMedia(
+            tuple(exp.token_ids), mm, shift(turn), shift(response), {**_log(prep), "items": len(media)}
+        )
+
+    def _shifts(self, token_ids: Sequence[int], media: Sequence[Any]) -> Callable[[int | None], int | None]:
+        """Map a boundary in the unexpanded prompt to the expanded one."""
+        pads = [i for i, t in enumerate(token_ids) if t in (self.ids.image_pad, self.ids.video_pad)]
+        grow = [
+            len(expand_placeholders([token_ids[i]], [m], self.encode_text, self.ids, self.merge).token_ids)
+            - 1
+            for i, m in zip(pads, media, strict=True)
+        ]
+
+        def shift(pos: int | None) -> int | None:
+            if pos is None:
+                return None
+            return pos + sum(g for i, g in zip(pads, grow, strict=True) if i < pos)
+
+        return shift
+
+
+def _processing(artifact: Any, vision: dict[str, Any]) -> tuple[Any, Any]:
+    """Image / video processing from the artifact's processor configs, or the class defaults with the
+    tower's patch geometry when the checkpoint shipped none."""
+    from ninfer.media.config import ImageProcessing, VideoProcessing
+
+    geometry = {
+        "patch_size": vision.get("patch_size", 16),
+        "temporal_patch_size": vision.get("temporal_patch_size", 2),
+        "merge_size": vision.get("spatial_merge_size", 2),
+    }
+    image = artifact.media_config("preprocessor_config.json") or geometry
+    video = artifact.media_config("video_preprocessor_config.json") or geometry
+    return ImageProcessing.from_hf(image), VideoProcessing.from_hf(video)
+
+
+def build_media_prompts(
+    settings: Any, artifact: Any, encode_text: Callable[[str], list[int]]
+) -> MediaPrompts:
+    """The --vision media path: cache, fetch policy and processing from the settings and the artifact."""
+    from ninfer.media.cache import MediaCache
+    from ninfer.media.fetch import FetchLimits
+
+    vs = settings.vision
+    cfg = artifact.config
+    image, video = _processing(artifact, cfg.vision or {})
+    cache = MediaCache(vs.media_cache_mib << 20, vs.media_live_mib << 20, vs.media_preprocess_threads)
+    fetch = FetchLimits(
+        max_bytes=vs.media_max_fetch_mib << 20,
+        total_timeout_s=float(vs.media_fetch_timeout_s),
+        allow_private_media_urls=bool(vs.allow_private_media_urls),
+    )
+    ids = MMTokenIds(
+        cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id
+    )
+    preparer = MediaPreparer(cache, fetch, image, video)
+    return MediaPrompts(preparer, settings.engine.max_context, encode_text, ids, image.merge_size)
