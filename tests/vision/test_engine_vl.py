@@ -133,3 +133,27 @@ def test_prefix_reuse_with_media(vl) -> None:
     finally:
         reused.shutdown()
         fresh.shutdown()
+
+
+def test_cancelled_request_releases_its_media(vl) -> None:
+    from ninfer.engine.api import GenerationRequest, SamplingParams
+
+    p = _prompt(2)
+    engine = make_engine(vl, chunk=4)
+    released: list[int] = []
+    try:
+        ticket = engine.reserve()
+        req = GenerationRequest(
+            "c",
+            tuple(p.ids),
+            SamplingParams(max_tokens=50, temperature=0.0),
+            multimodal=p.multimodal(lambda: released.append(1)),
+        )
+        handle = engine.submit(ticket, req)
+        handle.cancel()
+        finishes = [s.finish_reason for s in handle if s.finish_reason is not None]
+        ticket.release()
+    finally:
+        engine.shutdown()
+    assert finishes in (["cancelled"], ["length"]) and released == [1]
+    assert not engine.media._rows
