@@ -17,7 +17,6 @@ import torch
 
 from ninfer.engine.api import (
     ContextLengthExceeded,
-    EngineConfigError,
     EngineError,
     EngineStopped,
     GenerationRequest,
@@ -65,8 +64,6 @@ class Engine:
         self.dtype = _DTYPES[config.dtype]
         self.detokenizer_factory = detokenizer_factory
         check_spec(config, model, draft_head)
-        if vision is not None and config.spec_method is not None:
-            raise EngineConfigError("speculative decoding with vision input is not supported in this build")
         # vision residency is frozen here: without a tower, multimodal requests are refused
         self.media = MediaEncoder(vision, self.device) if vision is not None else None
         self.layout = SlotLayout(lanes=config.max_concurrency, draft_slots=draft_slots(config))
@@ -153,8 +150,6 @@ class Engine:
         now = time.monotonic()
         if ticket.released:
             raise ValueError("submit with a released ticket")
-        if not self._accepting:
-            raise EngineStopped("the engine is shutting down")
         if now >= ticket.deadline:
             raise QueueTimeout(f"request waited {now - ticket.created:.3f}s before submission")
         prompt = request.prompt_ids
@@ -189,7 +184,9 @@ class Engine:
         )
         if self.spec is not None:
             stats.speculative = spec_counters.new_counters(self.spec.backend, self.spec.k)
-        with self._cv:
+        with self._cv:  # checked under the lock: the drain loop exits only with an empty inbox
+            if not self._accepting:
+                raise EngineStopped("the engine is shutting down")
             self._next_id += 1
             sid = self._next_id
             seq = Seq(

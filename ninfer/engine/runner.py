@@ -174,7 +174,8 @@ class Runner:
             )
         hidden = self.model(batch, self.kv, self.states)  # [1, q, H]
         if self.spec is not None:
-            self.spec.after_prefill(plan.slot, plan.start, plan.tokens, hidden[0], plan.pages)
+            rope = batch.positions[:, 0]  # [3, q] (multimodal prompts: the T/H/W streams)
+            self.spec.after_prefill(plan.slot, plan.start, plan.tokens, hidden[0], rope, plan.pages)
         self._slot_ops(plan.ops_after)
         if plan.sampler is None:
             return StepResult(seq_ids=[], tokens=[], vision_seconds=vision_s)

@@ -24,7 +24,7 @@ import torch
 from ninfer.engine.pages import PAGE
 from ninfer.engine.plan import DecodePlan, DecodeRow, SlotOp, StepResult
 from ninfer.engine.sampler import sample_rows
-from ninfer.engine.spec.mtp import Proposal, mask_vocab
+from ninfer.engine.spec.mtp import Proposal, mask_vocab, rope_positions
 from ninfer.engine.spec.rejection import match_greedy, plain_greedy, verify
 from ninfer.model.cache import KVPool, StatePool, make_batch
 
@@ -37,7 +37,14 @@ class Drafter(Protocol):
     def slot_op(self, op: SlotOp) -> None: ...
 
     def after_forward(
-        self, slot: int, start: int, tokens: list[int], hidden: torch.Tensor, pages: list[int], catch_up: bool
+        self,
+        slot: int,
+        start: int,
+        tokens: list[int],
+        hidden: torch.Tensor,
+        rope: torch.Tensor,
+        pages: list[int],
+        catch_up: bool,
     ) -> None: ...
 
     def propose(self, rows: list[DecodeRow], k: int) -> list[Proposal]: ...
@@ -97,16 +104,28 @@ class SpecDecoder:
         self.drafter.slot_op(op)
 
     def after_prefill(
-        self, slot: int, start: int, tokens: list[int], hidden: torch.Tensor, pages: list[int]
+        self,
+        slot: int,
+        start: int,
+        tokens: list[int],
+        hidden: torch.Tensor,
+        rope: torch.Tensor,
+        pages: list[int],
     ) -> None:
-        """hidden: [q, H] of a prefill chunk fed into `slot` at positions start.."""
-        self.drafter.after_forward(slot, start, tokens, hidden, pages, catch_up=True)
+        """A prefill chunk fed into `slot` at cache positions start..; hidden: [q, H], rope: [3, q]."""
+        self.drafter.after_forward(slot, start, tokens, hidden, rope, pages, catch_up=True)
 
     # ----- the decode round -----
+    def _rope(self, r: DecodeRow, q: int) -> torch.Tensor:
+        """[3, q] rotary positions of q tokens fed from r.position (multimodal prompts: + rope_delta)."""
+        return rope_positions([r.position + r.rope_delta], q, self.device)[:, 0]
+
     def _forward(self, rows: list[DecodeRow], inputs: list[list[int]]) -> torch.Tensor:
+        q = len(inputs[0])
         batch = make_batch(
             inputs, [r.position for r in rows], [r.slot for r in rows], [r.pages for r in rows],
             self.max_pages, self.device,
+            positions=rope_positions([r.position + r.rope_delta for r in rows], q, self.device),
         )  # fmt: skip
         return self.model(batch, self.kv, self.states)  # [B, q, H]
 
@@ -126,7 +145,9 @@ class SpecDecoder:
             tokens = sample_rows(self._logits(hidden[:, -1]), [r.sampler for r in prow])
             for j, (i, r) in enumerate(zip(plain, prow, strict=True)):
                 runs[i] = [tokens[j]]
-                self.drafter.after_forward(r.slot, r.position, [r.token], hidden[j], r.pages, catch_up=False)
+                self.drafter.after_forward(
+                    r.slot, r.position, [r.token], hidden[j], self._rope(r, 1), r.pages, catch_up=False
+                )
         srows = [rows[i] for i in spec]
         inputs: list[list[int]] = []
         hidden = torch.empty(0)
@@ -155,7 +176,13 @@ class SpecDecoder:
                     raise ValueError(f"row {i}: {c} tokens committed of a run of {len(runs[i])}")
                 if c == k + 1:
                     self.drafter.after_forward(
-                        r.slot, r.position, inputs[j], hidden[j], r.pages, catch_up=False
+                        r.slot,
+                        r.position,
+                        inputs[j],
+                        hidden[j],
+                        self._rope(r, k + 1),
+                        r.pages,
+                        catch_up=False,
                     )
                 else:
                     self.states.copy_slot(self.snapshot_slot(r.slot), r.slot)
@@ -165,7 +192,7 @@ class SpecDecoder:
                 again = self._forward(rrows, [inputs[j][:c] for j in js])  # [G, c, H]
                 for t, (j, r) in enumerate(zip(js, rrows, strict=True)):
                     self.drafter.after_forward(
-                        r.slot, r.position, inputs[j][:c], again[t], r.pages, catch_up=False
+                        r.slot, r.position, inputs[j][:c], again[t], self._rope(r, c), r.pages, catch_up=False
                     )
 
         return StepResult(

@@ -40,6 +40,7 @@ class Pending:
     start: int
     tokens: tuple[int, ...] = ()  # the tokens fed at those positions
     hidden: torch.Tensor | None = None  # [m, H] their trunk hidden rows (after the final norm)
+    rope: torch.Tensor | None = None  # [3, m] their rotary positions (T/H/W streams, as the trunk's)
 
     @property
     def end(self) -> int:
@@ -47,6 +48,16 @@ class Pending:
 
 
 EMPTY = Pending(0)
+
+
+def rope_positions(firsts: list[int], q: int, device: torch.device) -> torch.Tensor:
+    """Text rotary positions: row b holds firsts[b] + 0..q-1 on all three streams. -> [3, B, q]"""
+    pos = torch.tensor(firsts, dtype=torch.int64)[:, None] + torch.arange(q)  # [B, q]
+    return pos.unsqueeze(0).expand(3, -1, -1).contiguous().to(device)
+
+
+def _cat(a: torch.Tensor | None, b: torch.Tensor, dim: int) -> torch.Tensor:
+    return b if a is None else torch.cat([a, b], dim=dim)
 
 
 def mask_vocab(logits: torch.Tensor, vocab_limit: int | None) -> torch.Tensor:
@@ -85,24 +96,41 @@ class MTPDrafter:
         self.pending[op.dst] = EMPTY if op.src is None else self.pending[op.src]
 
     def after_forward(
-        self, slot: int, start: int, tokens: list[int], hidden: torch.Tensor, pages: list[int], catch_up: bool
+        self,
+        slot: int,
+        start: int,
+        tokens: list[int],
+        hidden: torch.Tensor,
+        rope: torch.Tensor,
+        pages: list[int],
+        catch_up: bool,
     ) -> None:
-        """The trunk fed `tokens` at positions start.. into `slot`; hidden: [q, H] their rows.
-        With `catch_up` (prefill), write every MTP entry whose next token is now known."""
+        """The trunk fed `tokens` at cache positions start.. into `slot`; hidden: [q, H] their rows,
+        rope: [3, q] their rotary positions. With `catch_up` (prefill), write every MTP entry whose
+        next token is now known."""
         p = self.pending[slot]
         if p.end != start:
             raise RuntimeError(
                 f"MTP drafter out of step on slot {slot}: pending ends at {p.end}, fed from {start}"
             )
         toks = p.tokens + tuple(tokens)
-        hid = hidden if p.hidden is None else torch.cat([p.hidden, hidden])  # [m + q, H]
+        hid = _cat(p.hidden, hidden, 0)  # [m + q, H]
+        pos = _cat(p.rope, rope, 1)  # [3, m + q]
         rows = len(toks) - 1
         if not catch_up or rows == 0:
-            self.pending[slot] = Pending(p.start, toks, hid)
+            self.pending[slot] = Pending(p.start, toks, hid, pos)
             return
-        batch = make_batch([list(toks[1:])], [p.start], [0], [pages], self.max_pages, self.device)
+        batch = make_batch(
+            [list(toks[1:])],
+            [p.start],
+            [0],
+            [pages],
+            self.max_pages,
+            self.device,
+            positions=pos[:, None, :rows],
+        )
         self.mtp(batch, hid[None, :rows], self.kv)
-        self.pending[slot] = Pending(p.start + rows, toks[-1:], hid[-1:].clone())
+        self.pending[slot] = Pending(p.start + rows, toks[-1:], hid[-1:].clone(), pos[:, -1:].clone())
 
     # ----- drafting -----
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -129,6 +157,7 @@ class MTPDrafter:
                 [rows[i].pages for i in idx],
                 self.max_pages,
                 self.device,
+                positions=torch.stack([p.rope for p in ps], dim=1),  # [3, G, m]
             )
             hidden = torch.stack([p.hidden for p in ps])  # [G, m, H]
             h = self.mtp(batch, hidden, self.kv)[:, -1]  # [G, H]
@@ -162,6 +191,7 @@ class MTPDrafter:
                 [r.pages for r in rows],
                 self.max_pages,
                 self.device,
+                positions=rope_positions([r.position + r.rope_delta + j for r in rows], 1, self.device),
             )
             x = self.mtp(batch, x[:, None], self.kv)[:, 0]
         return [Proposal(d, torch.stack(q) if q else None) for d, q in zip(drafts, probs, strict=True)]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from ninfer.engine.plan import DecodeRow, SlotOp
-from ninfer.engine.spec.mtp import Proposal, mask_vocab
+from ninfer.engine.spec.mtp import Proposal, mask_vocab, rope_positions
 from ninfer.engine.spec.rejection import greedy_token
 from ninfer.model.cache import KVPool, StatePool, make_batch
 
@@ -52,7 +52,14 @@ class OracleDrafter:
         """Keeps no per-slot state."""
 
     def after_forward(
-        self, slot: int, start: int, tokens: list[int], hidden: torch.Tensor, pages: list[int], catch_up: bool
+        self,
+        slot: int,
+        start: int,
+        tokens: list[int],
+        hidden: torch.Tensor,
+        rope: torch.Tensor,
+        pages: list[int],
+        catch_up: bool,
     ) -> None:
         """Keeps no per-slot state."""
 
@@ -70,6 +77,7 @@ class OracleDrafter:
                 [r.pages for r in rows],
                 self.max_pages,
                 self.device,
+                positions=rope_positions([r.position + r.rope_delta + j for r in rows], 1, self.device),
             )
             hidden = self.model(batch, self.kv, self.states)[:, -1]  # [B, H]
             logits = mask_vocab(self.model.logits(hidden), self.vocab_limit)  # [B, V]
