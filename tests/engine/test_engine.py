@@ -14,6 +14,9 @@ from ninfer.engine.api import (
     QueueTimeout,
     SamplingParams,
 )
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.engine import Engine
+from ninfer.engine.stops import Detokenizer
 from tests.engine.tiny import make_engine
 
 PROMPT_LENS = (5, 130, 17, 64, 3, 90, 41, 200)
@@ -157,3 +160,21 @@ def test_shutdown_drains_then_cancels(small_model) -> None:
         pass
     with pytest.raises(EngineStopped):
         eng.reserve()
+
+
+def test_submit_racing_the_drain_exit_is_refused(small_model) -> None:
+    # The detokenizer factory runs inside submit() after its early checks: shutting the engine
+    # down from there puts the drain loop's exit exactly between those checks and the enqueue.
+    eng: Engine
+
+    def factory() -> Detokenizer | None:
+        eng.shutdown(5)  # returns once the engine thread has exited
+        return None
+
+    config = EngineConfig(max_concurrency=1, max_pending=1, max_context=256, prefill_chunk=64)
+    eng = Engine(small_model, config, detokenizer_factory=factory).start()
+    ticket = eng.reserve()
+    with pytest.raises(EngineStopped):
+        eng.submit(ticket, _req("late", _prompt(5, 12), max_tokens=2))
+    ticket.release()
+    assert eng._thread is None and not eng._handles and not eng._inbox
