@@ -34,7 +34,7 @@ from ninfer.engine.prefix_cache import PrefixCache
 from ninfer.engine.runner import Runner
 from ninfer.engine.sampler import RowSampler, resolve_sampling
 from ninfer.engine.scheduler import DECODE, Scheduler, Seq, Snapshot
-from ninfer.engine.sizing import SizingLedger, resolve_kv
+from ninfer.engine.sizing import SizingLedger, mtp_kv_layers, resolve_kv
 from ninfer.engine.slots import SlotLayout, make_lanes
 from ninfer.engine.spec import counters as spec_counters
 from ninfer.engine.spec.build import build_spec, check_spec, draft_slots
@@ -79,6 +79,8 @@ class Engine:
             self.device,
             weights,
             kv_storage_dtype(config.kv_dtype) if config.kv_dtype else None,
+            mtp_layers=mtp_kv_layers(config),
+            snapshot_slots=self.layout.lanes * self.layout.draft_slots,
         )
         self.kv = KVPool.for_config(
             self.text_config, self.ledger.num_pages, self.dtype, self.device, kv_dtype=config.kv_dtype

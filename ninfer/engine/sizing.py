@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ninfer.engine.api import EngineConfigError
+from ninfer.engine.config import EngineConfig
 from ninfer.engine.pages import PAGE, pages_for
 from ninfer.model.cache import KVPool
 from ninfer.model.config import TextConfig
@@ -26,6 +27,11 @@ def slot_bytes(cfg: TextConfig, dtype: torch.dtype) -> int:
     conv = cfg.conv_dim * (cfg.linear_conv_kernel_dim - 1) * elem
     ssm = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
     return len(cfg.linear_layers) * (conv + ssm)
+
+
+def mtp_kv_layers(config: EngineConfig) -> int:
+    """KV layers the MTP drafter allocates beside the trunk's pool (the oracle drafter has none)."""
+    return 1 if config.spec_method == "mtp" and config.spec_oracle_wrong_fraction is None else 0
 
 
 def workspace_bytes(cfg: TextConfig, prefill_chunk: int, max_concurrency: int) -> int:
@@ -49,6 +55,9 @@ class SizingLedger:
     kv_bytes: int
     state_slots: int
     state_bytes: int
+    spec_snapshot_slots: int  # of state_slots: per-lane pre-verification copies (--spec)
+    mtp_page_bytes: int  # the MTP drafter's one-layer KV per page (0 without an MTP drafter)
+    mtp_kv_bytes: int  # its pool: as many pages as the trunk's, indexed by the same page ids
     weights_bytes: int
     workspace_bytes: int
     headroom_bytes: int
@@ -89,16 +98,21 @@ def resolve_kv(
     device: torch.device,
     weights_bytes: int,
     kv_dtype: torch.dtype | None = None,
+    mtp_layers: int = 0,
+    snapshot_slots: int = 0,
 ) -> SizingLedger:
     """Resolve `kv_capacity` (tokens, "auto", or None = max_context) and validate it.
 
     `dtype` is the model dtype (conv states, workspace); `kv_dtype` the KV storage (None = dtype).
+    `mtp_layers` (1 with the MTP drafter) adds its KV pool's bytes to every page; `snapshot_slots`
+    says how many of `num_slots` are speculative snapshot slots (already counted in `num_slots`).
     """
     if max_context <= 0:
         raise EngineConfigError(f"max_context must be positive, got {max_context}")
     if not 1 <= max_concurrency <= 8:
         raise EngineConfigError(f"max_concurrency must be in 1..8, got {max_concurrency}")
     pb, sb = page_bytes(cfg, kv_dtype or dtype), slot_bytes(cfg, dtype)
+    mtp_pb = PAGE * KVPool.bytes_per_token(cfg, kv_dtype or dtype, num_layers=mtp_layers) if mtp_layers else 0
     ws = workspace_bytes(cfg, prefill_chunk, max_concurrency)
     free: int | None = None
     headroom = 0
@@ -111,7 +125,7 @@ def resolve_kv(
             free, _total = torch.cuda.mem_get_info(device)
             headroom = AUTO_HEADROOM
             budget = free - num_slots * sb - ws - headroom
-            pages = min(largest, max(budget, 0) // pb)
+            pages = min(largest, max(budget, 0) // (pb + mtp_pb))
             cap = pages * PAGE
             if cap < max_context:
                 raise EngineConfigError(
@@ -134,6 +148,9 @@ def resolve_kv(
         kv_bytes=pages * pb,
         state_slots=num_slots,
         state_bytes=num_slots * sb,
+        spec_snapshot_slots=snapshot_slots,
+        mtp_page_bytes=mtp_pb,
+        mtp_kv_bytes=pages * mtp_pb,
         weights_bytes=weights_bytes,
         workspace_bytes=ws,
         headroom_bytes=headroom,
