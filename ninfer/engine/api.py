@@ -80,6 +80,9 @@ class RequestStats:
     total_s: float = 0.0
     vision_s: float = 0.0  # vision tower seconds of this request's prefill chunks
     speculative: dict[str, object] = field(default_factory=dict)
+    # cold tier (empty when inactive): "restored" (this request resumed from a restored image) and
+    # the tier's cumulative counters and occupancy (`ninfer.engine.cold_tier.ColdTier.stats`)
+    cold_tier: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

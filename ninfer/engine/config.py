@@ -41,3 +41,8 @@ class EngineConfig:
     # probability; no MTP head is needed. See ninfer.engine.spec.oracle.
     spec_oracle_wrong_fraction: float | None = None
     spec_oracle_seed: int = 0
+    # Cross-GPU cold tier for evicted retained prefixes (inactive without a secondary CUDA device).
+    cold_tier: bool = True
+    cold_tier_device: int = -1  # -1: every non-primary device with >= 512 MiB free
+    cold_tier_capacity_mib: int = 0  # per arena; 0: the device's free memory minus 256 MiB
+    cold_tier_staging_mib: int = 64  # pinned host staging buffer for the chunked transfers

@@ -24,6 +24,7 @@ from ninfer.engine.api import (
     RequestStats,
     StepOutput,
 )
+from ninfer.engine.cold_tier import build_cold_tier, lane_pools
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.counters import Counters
 from ninfer.engine.handle import RequestHandle
@@ -43,6 +44,7 @@ from ninfer.engine.tickets import Ticket, TicketBook
 from ninfer.model.cache import KVPool, StatePool, kv_storage_dtype
 
 if TYPE_CHECKING:
+    from ninfer.engine.cold_tier_store import ColdTierStore
     from ninfer.engine.spec.draft_head import DraftHead
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -56,6 +58,7 @@ class Engine:
         detokenizer_factory: Callable[[], Detokenizer] | None = None,
         draft_head: DraftHead | None = None,
         vision: torch.nn.Module | None = None,
+        cold_store: ColdTierStore | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -91,6 +94,8 @@ class Engine:
         self.scheduler = Scheduler(self.cache, config.max_concurrency, config.prefill_chunk)
         max_pages = pages_for(config.max_context)
         self.spec = build_spec(config, model, self.kv, self.states, self.layout, max_pages, draft_head)
+        pools = lane_pools(self.kv, self.states, self.spec)  # cold tier: None without a secondary device
+        self.cold_tier = self.cache.tier = build_cold_tier(config, pools, self.device, cold_store)
         self.runner = Runner(
             model,
             self.kv,
@@ -382,6 +387,8 @@ class Engine:
             st.ttft_s = seq.t_first - seq.t_submit
             st.prefill_s = seq.t_first - seq.t_admit
             st.decode_s = now - seq.t_first
+        if self.cold_tier is not None:  # cumulative tier counters, and whether this request restored
+            st.cold_tier = {"restored": self.cold_tier.take_restored(seq.id), **self.cold_tier.stats()}
 
     def _drop_media(self, seq: Seq) -> None:
         mm = seq.request.multimodal

@@ -11,18 +11,27 @@ until its pages or lane are needed. A new prompt resumes from the longest valid 
 Recurrent state cannot be rewound, so matching KV tokens alone never authorize a partial hit:
 only the live frontier and the retained snapshots do. At least one prompt token is always
 recomputed (the last prompt token's logits are not stored).
+
+With a cold tier (`ninfer.engine.cold_tier`), a resident that loses its lane (an eviction, or an
+in-place full reset for another prompt) is parked there instead of dropped, and a parked image
+that reuses more of a new prompt than any resident is restored onto an idle lane before lane
+selection, so the request then resumes through the paths above.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ninfer.engine.api import ReusePath
 from ninfer.engine.multimodal import SpanKey, media_prefix_limit
 from ninfer.engine.pages import PageAllocator, pages_for
 from ninfer.engine.plan import SlotOp
 from ninfer.engine.slots import RESPONSE, TURN, Lane
+
+if TYPE_CHECKING:
+    from ninfer.engine.cold_tier import ColdTier
 
 _RESTORE_PATH: dict[str, ReusePath] = {
     TURN: "restore_turn_checkpoint",
@@ -87,6 +96,7 @@ class PrefixCache:
         self.lanes = lanes
         self.allocator = allocator
         self.enabled = enabled
+        self.tier: ColdTier | None = None  # set by the engine when a cold tier is active
         self._tick = 0
 
     # ----- queries -----
@@ -118,6 +128,9 @@ class PrefixCache:
         idle = self.idle_lanes()
         if not idle:
             return None
+        any_resident = bool(self.residents())  # before a restore parks one: still a full reset
+        if self.tier is not None:
+            self._from_tier(seq_id, prompt, need_pages, media)
         match = self.best_match(prompt, media)
         if match is not None:
             lane = match.lane
@@ -129,7 +142,9 @@ class PrefixCache:
         reclaimable = len(lane.pages) + sum(len(ln.pages) for ln in others)
         if self.allocator.free_count + reclaimable < need_pages:
             return None
-        had_resident = self.enabled and (lane.resident or bool(others))
+        had_resident = self.enabled and (any_resident or lane.resident or bool(others))
+        if match is None and lane.resident:  # the lane's content is reset in place: park it first
+            self._park(lane)
         # The chosen lane's pages beyond what the request keeps go back first.
         self.allocator.free(lane.pages[kept:])
         lane.pages = lane.pages[:kept]
@@ -137,7 +152,7 @@ class PrefixCache:
         for victim in others:  # least recently used first
             if self.allocator.free_count + kept >= need_pages:
                 break
-            self.allocator.free(victim.clear())
+            self._evict(victim)
             evicted += 1
         ops: list[SlotOp] = []
         if match is None:
@@ -160,6 +175,49 @@ class PrefixCache:
         self._tick += 1
         lane.last_used = self._tick
         return Admission(lane=lane, cached=cached, path=path, ops=ops, evicted=evicted)
+
+    # ----- cold tier -----
+    def _park(self, lane: Lane) -> None:
+        if self.tier is not None and self.enabled and lane.resident:
+            self.tier.park(lane)
+
+    def _evict(self, lane: Lane) -> None:
+        """Take a resident's content away (parked first when a tier is active) and free its pages."""
+        self._park(lane)
+        self.allocator.free(lane.clear())
+
+    def _from_tier(
+        self, seq_id: int, prompt: Sequence[int], need_pages: int, media: Sequence[SpanKey]
+    ) -> None:
+        """Restore the parked image that reuses the most of `prompt` onto an idle lane, when it beats
+        every resident and the request is admissible now (a waiting request changes nothing)."""
+        assert self.tier is not None
+        if not self.enabled or not len(self.tier.store):
+            return
+        idle = self.idle_lanes()
+        reclaimable = self.allocator.free_count + sum(len(ln.pages) for ln in idle)
+        if reclaimable < need_pages:
+            return
+        resident = self.best_match(prompt, media)
+        found = self.tier.match(prompt, media, resident.cached if resident is not None else 0)
+        if found is None or found[1] > reclaimable:
+            return
+        key, image_pages = found
+        empty = [ln for ln in idle if not ln.resident]
+        lane = empty[0] if empty else min(idle, key=lambda ln: ln.last_used)
+        if lane.resident:
+            self._evict(lane)
+        for victim in sorted(self.residents(), key=lambda ln: ln.last_used):
+            if self.allocator.free_count >= image_pages:
+                break
+            self._evict(victim)
+        pages = self.allocator.alloc(image_pages)
+        if self.tier.restore(key, lane, pages, seq_id):
+            self._tick += 1
+            lane.last_used = self._tick
+        else:
+            lane.clear()
+            self.allocator.free(pages)
 
     def release(self, lane: Lane, keep: bool) -> None:
         """The lane's request ended: keep it resident (trimmed to its ledger) or clear it."""
