@@ -20,6 +20,7 @@ from ninfer.api.events import (
     ToolCallArgumentsDelta,
     ToolCallStart,
     Usage,
+    arguments_json,
 )
 from ninfer.api.fields import parse_body
 from ninfer.api.pipeline import Generation
@@ -49,7 +50,11 @@ def completion_body(rid: str, created: int, model: str, done: Finished) -> dict[
         message["reasoning_content"] = done.reasoning
     if done.tool_calls:
         message["tool_calls"] = [
-            {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": arguments_json(c.arguments)},
+            }
             for c in done.tool_calls
         ]
     return {
@@ -92,12 +97,12 @@ def stream_chunks(gen: Generation, chunks: ChunkStream) -> Iterator[bytes]:
             elif isinstance(event, ReasoningDelta):
                 yield chunks.chunk({"reasoning_content": event.text})
             elif isinstance(event, ToolCallStart):
-                call = {"index": event.index, "id": event.call_id, "type": "function"}
+                call = {"index": event.index, "id": event.id, "type": "function"}
                 call["function"] = {"name": event.name, "arguments": ""}
                 yield chunks.chunk({"tool_calls": [call]})
             elif isinstance(event, ToolCallArgumentsDelta):
                 yield chunks.chunk(
-                    {"tool_calls": [{"index": event.index, "function": {"arguments": event.delta}}]}
+                    {"tool_calls": [{"index": event.index, "function": {"arguments": event.json_fragment}}]}
                 )
             elif isinstance(event, Finished):
                 yield chunks.chunk({}, event.finish)

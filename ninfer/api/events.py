@@ -6,45 +6,36 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ninfer.engine.api import SamplingParams
+from ninfer.frontend import parser
+from ninfer.frontend.conversation import ToolCall
 from ninfer.frontend.options import RequestOptions
+from ninfer.frontend.parser import (
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    arguments_json,
+)
+
+# The streamed events are the output parser's own; this module adds the protocol-level ones.
+__all__ = [
+    "Event",
+    "FinishKind",
+    "Finished",
+    "GenerationJob",
+    "Protocol",
+    "ReasoningDelta",
+    "TextDelta",
+    "ToolCall",
+    "ToolCallArgumentsDelta",
+    "ToolCallEnd",
+    "ToolCallStart",
+    "Usage",
+    "arguments_json",
+]
 
 Protocol = Literal["chat_completions", "messages", "responses"]
-
-
-@dataclass(frozen=True)
-class ReasoningDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallStart:
-    index: int  # order of the call within this response, from 0
-    call_id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class ToolCallArgumentsDelta:
-    index: int
-    delta: str
-
-
-@dataclass(frozen=True)
-class ToolCallEnd:
-    index: int
-    arguments: str  # the complete JSON-object string
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    call_id: str
-    name: str
-    arguments: str
 
 
 @dataclass(frozen=True)
@@ -72,11 +63,11 @@ class Finished:
     usage: Usage
     reasoning: str
     content: str
-    tool_calls: tuple[ToolCall, ...]
+    tool_calls: tuple[ToolCall, ...]  # arguments decoded; `arguments_json` gives the streamed text
     stop_string: str | None = None
 
 
-Event = ReasoningDelta | TextDelta | ToolCallStart | ToolCallArgumentsDelta | ToolCallEnd | Finished
+Event = parser.Event | Finished
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Iterator
@@ -44,13 +43,6 @@ def usage_body(usage: Usage) -> dict[str, Any]:
     }
 
 
-def tool_input(arguments: str) -> dict[str, Any]:
-    value = json.loads(arguments) if arguments else {}
-    if not isinstance(value, dict):
-        raise internal("a parsed tool call carried non-object arguments")
-    return value
-
-
 def message_body(mid: str, model: str, done: Finished) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     if done.reasoning:
@@ -58,9 +50,7 @@ def message_body(mid: str, model: str, done: Finished) -> dict[str, Any]:
     if done.content:
         content.append({"type": "text", "text": done.content})
     for call in done.tool_calls:
-        content.append(
-            {"type": "tool_use", "id": call.call_id, "name": call.name, "input": tool_input(call.arguments)}
-        )
+        content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": dict(call.arguments)})
     reason, sequence = stop_reason(done)
     return {
         "id": mid,
@@ -122,10 +112,10 @@ def stream_events(gen: Generation, mid: str, model: str) -> Iterator[bytes]:
                 yield blocks.delta({"type": "text_delta", "text": event.text})
             elif isinstance(event, ToolCallStart):
                 yield from blocks.open(
-                    "tool_use", {"type": "tool_use", "id": event.call_id, "name": event.name, "input": {}}
+                    "tool_use", {"type": "tool_use", "id": event.id, "name": event.name, "input": {}}
                 )
             elif isinstance(event, ToolCallArgumentsDelta):
-                yield blocks.delta({"type": "input_json_delta", "partial_json": event.delta})
+                yield blocks.delta({"type": "input_json_delta", "partial_json": event.json_fragment})
             elif isinstance(event, ToolCallEnd):
                 yield from blocks.close()
             elif isinstance(event, Finished):

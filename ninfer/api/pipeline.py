@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ninfer.api.errors import ApiError, internal
-from ninfer.api.events import Event, Finished, GenerationJob, ToolCall, Usage
+from ninfer.api.events import Event, Finished, GenerationJob, Usage
 from ninfer.api.ports import EnginePort, Handle, Observer, OutputDecoder, Prepared, PromptPort, Ticket
 from ninfer.engine.api import (
     ContextLengthExceeded,
@@ -20,6 +20,7 @@ from ninfer.engine.api import (
     RequestStats,
     StepOutput,
 )
+from ninfer.frontend.parser import ParseResult
 
 CANCEL_WAIT_S = 10.0  # bound on waiting for the engine to acknowledge a cancellation
 
@@ -215,10 +216,8 @@ class Generation:
         self._finished = self._final(finish, parse)
         yield self._finished
 
-    def _final(self, finish: StepOutput, parse: Any) -> Finished:
-        calls = tuple(
-            ToolCall(c.call_id, c.name, c.arguments) for c in getattr(parse, "tool_calls", ()) or ()
-        )
+    def _final(self, finish: StepOutput, parse: ParseResult) -> Finished:
+        calls = tuple(parse.tool_calls)
         stats = self.stats
         completion = len(self._completion_ids)
         kind = "length" if finish.finish_reason == "length" else ("tool_calls" if calls else "stop")

@@ -10,6 +10,7 @@ from ninfer.api.errors import ApiError
 from ninfer.api.events import Event, GenerationJob
 from ninfer.engine.api import GenerationRequest, RequestStats, StepOutput
 from ninfer.frontend.options import RequestOptions
+from ninfer.frontend.parser import ParseResult
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,9 @@ class OutputDecoder(Protocol):
         """One engine step: its `text` is parsed; its ids (less a stop token) count for usage."""
         ...
 
-    def finish(self) -> tuple[list[Event], Any]:
-        """Flush held text; return the remaining events and the final parse (`reasoning`, `content`,
-        `tool_calls` of `ninfer.api.events.ToolCall`, `reasoning_tokens`)."""
+    def finish(self) -> tuple[list[Event], ParseResult]:
+        """Flush held text; return the remaining events and the whole parse (its
+        `reasoning_tokens` counted from the engine's ids)."""
         ...
 
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
-from ninfer.api import events as ev
 from ninfer.api.errors import ApiError, invalid
 from ninfer.api.media_prompt import MediaPrompts
 from ninfer.api.ports import Prepared
@@ -20,16 +18,8 @@ from ninfer.frontend.render import TemplateError
 from ninfer.text.tokenizer import Tokenizer
 
 
-@dataclass(frozen=True)
-class FinalParse:
-    reasoning: str
-    content: str
-    tool_calls: tuple[ev.ToolCall, ...]
-    reasoning_tokens: int
-
-
 class FrontendDecoder:
-    """Engine visible text -> frontend output parser -> pipeline events.
+    """Engine visible text -> the frontend output parser's events.
 
     The engine owns detokenization and stop handling: `StepOutput.text` is exactly the visible
     output (a matched stop string, what follows it and stop tokens are withheld), so the parser
@@ -39,41 +29,18 @@ class FrontendDecoder:
     def __init__(self, thinking: bool, tools: list[Tool]) -> None:
         self._parser = fp.OutputParser(thinking=thinking, tools=tools)
         self._reasoning_tokens = 0
-        self._args: dict[int, list[str]] = {}
-        self._calls: list[ev.ToolCall] = []
 
-    def feed(self, step: StepOutput) -> list[ev.Event]:
+    def feed(self, step: StepOutput) -> list[fp.Event]:
         if step.text is None:
             raise RuntimeError("the engine produced no visible text (it was built without a tokenizer)")
         shown = sum(1 for t in step.token_ids if t != step.stop_token_id)
         if self._parser.in_reasoning:  # ids accepted while in the reasoning channel
             self._reasoning_tokens += shown
-        return self._convert(self._parser.feed_text(step.text)) if step.text else []
+        return self._parser.feed_text(step.text) if step.text else []
 
-    def finish(self) -> tuple[list[ev.Event], FinalParse]:
-        events = self._convert(self._parser.finish())
-        result = self._parser.result
-        final = FinalParse(result.reasoning, result.content, tuple(self._calls), self._reasoning_tokens)
-        return events, final
-
-    def _convert(self, items: list[fp.Event]) -> list[ev.Event]:
-        out: list[ev.Event] = []
-        for item in items:
-            if isinstance(item, fp.ReasoningDelta):
-                out.append(ev.ReasoningDelta(item.text))
-            elif isinstance(item, fp.TextDelta):
-                out.append(ev.TextDelta(item.text))
-            elif isinstance(item, fp.ToolCallStart):
-                self._args[item.index] = []
-                out.append(ev.ToolCallStart(item.index, item.id, item.name))
-            elif isinstance(item, fp.ToolCallArgumentsDelta):
-                self._args[item.index].append(item.json_fragment)
-                out.append(ev.ToolCallArgumentsDelta(item.index, item.json_fragment))
-            elif isinstance(item, fp.ToolCallEnd):
-                args = "".join(self._args.get(item.index, [])) or json.dumps(item.call.arguments)
-                self._calls.append(ev.ToolCall(item.call.id, item.call.name, args))
-                out.append(ev.ToolCallEnd(item.index, args))
-        return out
+    def finish(self) -> tuple[list[fp.Event], fp.ParseResult]:
+        events = self._parser.finish()
+        return events, replace(self._parser.result, reasoning_tokens=self._reasoning_tokens)
 
 
 class FrontendPrompts:

@@ -19,6 +19,7 @@ from ninfer.api.events import (
     ToolCallArgumentsDelta,
     ToolCallEnd,
     ToolCallStart,
+    arguments_json,
 )
 from ninfer.api.responses_items import new_id
 from ninfer.api.responses_object import Envelope, failure
@@ -165,7 +166,7 @@ class ResponseSequencer:
                 "id": self.make_id("fc"),
                 "type": "function_call",
                 "status": "in_progress",
-                "call_id": event.call_id,
+                "call_id": event.id,
                 "name": event.name,
                 "arguments": "",
             }
@@ -176,18 +177,18 @@ class ResponseSequencer:
             open_ = self._calls[event.index]
             if open_ is not self._open:
                 raise ValueError(f"arguments for tool call {event.index} arrived after it was closed")
-            open_.chunks.append(event.delta)
+            open_.chunks.append(event.json_fragment)
             return [
                 self._event(
                     "response.function_call_arguments.delta",
                     item_id=open_.id,
                     output_index=open_.index,
-                    delta=event.delta,
+                    delta=event.json_fragment,
                 )
             ]
         if isinstance(event, ToolCallEnd):
             open_ = self._calls[event.index]
-            if open_ is not self._open or open_.text != event.arguments:
+            if open_ is not self._open or open_.text != arguments_json(event.call.arguments):
                 raise ValueError(f"tool call {event.index} ended with arguments that were not streamed")
             return self._close("completed")
         if isinstance(event, Finished):

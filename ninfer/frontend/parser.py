@@ -27,7 +27,7 @@ import json
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ninfer.frontend.conversation import Tool, ToolCall
 from ninfer.frontend.toolcall import parse_block, typed_arguments
@@ -49,7 +49,7 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class ToolCallStart:
-    index: int
+    index: int  # order of the call within this response, from 0
     id: str
     name: str
 
@@ -89,6 +89,11 @@ class Detokenizer(Protocol):
 
 def new_call_id() -> str:
     return f"call_{secrets.token_hex(12)}"
+
+
+def arguments_json(arguments: dict[str, Any]) -> str:
+    """The one JSON text of a call's arguments: what `ToolCallArgumentsDelta`s stream, in full."""
+    return json.dumps(arguments, ensure_ascii=False)
 
 
 def _partial_suffix(text: str, *tags: str) -> int:
@@ -187,7 +192,7 @@ class OutputParser:
         index = len(self.result.tool_calls)
         call = ToolCall(self._call_id(), name, typed_arguments(self._tools.get(name), params))
         events.append(ToolCallStart(index, call.id, name))
-        events.append(ToolCallArgumentsDelta(index, json.dumps(call.arguments, ensure_ascii=False)))
+        events.append(ToolCallArgumentsDelta(index, arguments_json(call.arguments)))
         events.append(ToolCallEnd(index, call))
         self.result.tool_calls.append(call)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from ninfer.api.events import (
     ToolCallEnd,
     ToolCallStart,
     Usage,
+    arguments_json,
 )
 from ninfer.api.responses_object import Envelope
 from ninfer.api.responses_stream import ResponseSequencer, frame
@@ -40,7 +42,19 @@ def sequencer() -> ResponseSequencer:
 
 # A generation is a list of segments: ("reasoning", chunks), ("text", chunks), ("call", name, chunks).
 text_chunks = st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=4)
-arg_chunks = st.lists(st.sampled_from(['{"a": 1', "}", ', "b": "é"', "{}", " "]), min_size=1, max_size=3)
+arg_objects = st.dictionaries(
+    st.sampled_from(["a", "b", "é"]), st.one_of(st.integers(-5, 99), st.text(max_size=4)), max_size=3
+)
+
+
+def _split(obj: dict[str, Any], cuts: list[int]) -> list[str]:
+    """The call's JSON text cut into the pieces a stream may deliver."""
+    text = arguments_json(obj)
+    bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+arg_chunks = st.builds(_split, arg_objects, st.lists(st.integers(1, 30), max_size=3))
 segment = st.one_of(
     st.tuples(st.just("reasoning"), text_chunks),
     st.tuples(st.just("text"), text_chunks),
@@ -57,11 +71,12 @@ def to_events(segments: list[tuple[Any, ...]], finish: str) -> list[Event]:
         elif seg[0] == "text":
             events += [TextDelta(c) for c in seg[1]]
         else:
-            index, args = len(calls), "".join(seg[2])
-            calls.append(ToolCall(f"call_{index}", seg[1], args))
-            events.append(ToolCallStart(index, f"call_{index}", seg[1]))
+            index = len(calls)
+            call = ToolCall(f"call_{index}", seg[1], json.loads("".join(seg[2])))
+            calls.append(call)
+            events.append(ToolCallStart(index, call.id, call.name))
             events += [ToolCallArgumentsDelta(index, c) for c in seg[2]]
-            events.append(ToolCallEnd(index, args))
+            events.append(ToolCallEnd(index, call))
     reasoning = "".join(c for s in segments if s[0] == "reasoning" for c in s[1])
     content = "".join(c for s in segments if s[0] == "text" for c in s[1])
     events.append(Finished(finish, USAGE, reasoning, content, tuple(calls)))  # type: ignore[arg-type]
@@ -256,4 +271,4 @@ def test_arguments_must_match_what_was_streamed() -> None:
     seq.feed(ToolCallStart(0, "call_0", "f"))
     seq.feed(ToolCallArgumentsDelta(0, "{}"))
     with pytest.raises(ValueError):
-        seq.feed(ToolCallEnd(0, '{"a": 1}'))
+        seq.feed(ToolCallEnd(0, ToolCall("call_0", "f", {"a": 1})))
