@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.kernels import attention_ref, conv_ref, gdn_ref, moe_ref
+from ninfer.kernels import attention_ref, conv_ref, gdn_ref, moe_ref, norm_ref
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,24 @@ class Ops:
     paged_attention: Callable[..., torch.Tensor]
     # (x [N,H], gate_up [E,2Ie,H], down [E,H,Ie], topk_idx [N,k], topk_w [N,k]) -> [N,H]
     moe_experts: Callable[..., torch.Tensor]
+    # the small ops around them (defaults: the torch code of `norm_ref` / `moe_ref`; a backend
+    # fuses each into one launch). Inputs may be strided views with a contiguous last dim.
+    # (x [...,D], weight [D], eps) -> (x * rsqrt(mean x^2 + eps)) * (1 + w)
+    rms_norm: Callable[..., torch.Tensor] = norm_ref.rms_norm
+    # (x, r [...,D], weight, eps) -> (h = x + r, rms_norm(h))
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = norm_ref.add_rms_norm
+    # (x, z [...,D], weight, eps) -> (w * norm(x)) * silu(z)   (GDN output norm)
+    gated_rms_norm: Callable[..., torch.Tensor] = norm_ref.gated_rms_norm
+    # (x [B,q,heads,hd], weight [hd], eps, cos, sin [B,q,rot]) -> rope(rms_norm(x))   (q/k norm)
+    norm_rope: Callable[..., torch.Tensor] = norm_ref.norm_rope
+    # (o [B,q,nh,hd], gate [B,q,nh,hd]) -> o * sigmoid(gate) as [B,q,nh*hd]
+    sigmoid_gate: Callable[..., torch.Tensor] = norm_ref.sigmoid_gate
+    # (gate, up [...,I]) -> silu(gate) * up
+    silu_mul: Callable[..., torch.Tensor] = norm_ref.silu_mul
+    # (routed [N,H], gate_logit [N,1], shared [N,H]) -> routed + sigmoid(gate_logit) * shared
+    shared_expert_add: Callable[..., torch.Tensor] = norm_ref.shared_expert_add
+    # (router logits [N,E], k) -> (topk_idx [N,k] int64, topk_w [N,k] renormalised, logits' dtype)
+    moe_route: Callable[..., tuple[torch.Tensor, torch.Tensor]] = moe_ref.route
 
 
 def _reference() -> Ops:

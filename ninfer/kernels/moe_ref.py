@@ -29,3 +29,13 @@ def moe_experts(
         y = y * topk_w[tok, slot, None]
         out.index_add_(0, tok, y.to(out.dtype))
     return out
+
+
+def route(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router: fp32 softmax over the experts, top-k, renormalised, cast to the logits' dtype.
+
+    logits: [N, E]. returns (topk_idx [N, k] int64, topk_w [N, k] in logits' dtype).
+    """
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    w, idx = torch.topk(probs, k, dim=-1)
+    return idx, (w / w.sum(-1, keepdim=True)).to(logits.dtype)

@@ -9,7 +9,6 @@ from ninfer.kernels.dispatch import Ops
 from ninfer.model.cache import ForwardBatch, KVLayer
 from ninfer.model.config import TextConfig
 from ninfer.model.norms import RMSNorm1p
-from ninfer.model.rope import apply_rope
 
 
 class GatedAttention(nn.Module):
@@ -24,8 +23,8 @@ class GatedAttention(nn.Module):
         self.k_proj = nn.Linear(h, self.nkv * self.hd, bias=False)
         self.v_proj = nn.Linear(h, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nh * self.hd, h, bias=False)
-        self.q_norm = RMSNorm1p(self.hd, eps=config.rms_norm_eps)
-        self.k_norm = RMSNorm1p(self.hd, eps=config.rms_norm_eps)
+        self.q_norm = RMSNorm1p(self.hd, eps=config.rms_norm_eps, ops=ops)
+        self.k_norm = RMSNorm1p(self.hd, eps=config.rms_norm_eps, ops=ops)
         self.scale = self.hd**-0.5
 
     def forward(
@@ -39,10 +38,9 @@ class GatedAttention(nn.Module):
         """x: [B, q, H] (normed); cos/sin: [B, q, rot]; kv pools: [P, 64, nkv, hd]. -> [B, q, H]"""
         b, q, _ = x.shape
         qg = self.q_proj(x).view(b, q, self.nh, 2 * self.hd)
-        qh, gate = qg[..., : self.hd], qg[..., self.hd :]
-        gate = gate.reshape(b, q, self.nh * self.hd)
-        qh = apply_rope(self.q_norm(qh), cos, sin)  # [B, q, nh, hd]
-        kh = apply_rope(self.k_norm(self.k_proj(x).view(b, q, self.nkv, self.hd)), cos, sin)
+        qh, gate = qg[..., : self.hd], qg[..., self.hd :]  # strided views [B, q, nh, hd]
+        qh = self.q_norm.rope(qh, cos, sin)  # norm + rope: [B, q, nh, hd]
+        kh = self.k_norm.rope(self.k_proj(x).view(b, q, self.nkv, self.hd), cos, sin)
         vh = self.v_proj(x).view(b, q, self.nkv, self.hd)
         self.ops.write_kv(
             kv.k, kv.v, kh, vh, batch.page_table, batch.cache_lens, k_scale=kv.k_scale, v_scale=kv.v_scale
@@ -58,5 +56,4 @@ class GatedAttention(nn.Module):
             k_scale=kv.k_scale,
             v_scale=kv.v_scale,
         )
-        o = o.reshape(b, q, self.nh * self.hd) * torch.sigmoid(gate)
-        return self.o_proj(o)
+        return self.o_proj(self.ops.sigmoid_gate(o, gate))  # o * sigmoid(gate): [B, q, nh*hd]

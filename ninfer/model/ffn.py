@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ninfer.kernels import norm_ref
 from ninfer.kernels.dispatch import Ops
 from ninfer.model.config import TextConfig
 
@@ -13,14 +13,16 @@ from ninfer.model.config import TextConfig
 class MLP(nn.Module):
     """y = down(silu(gate x) * up x)."""
 
-    def __init__(self, hidden: int, inter: int) -> None:
+    def __init__(self, hidden: int, inter: int, ops: Ops | None = None) -> None:
         super().__init__()
+        self.ops = ops  # None: torch silu * up
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        fn = norm_ref.silu_mul if self.ops is None else self.ops.silu_mul
+        return self.down_proj(fn(self.gate_proj(x), self.up_proj(x)))
 
 
 class Experts(nn.Module):
@@ -43,16 +45,15 @@ class SparseMoE(nn.Module):
         h = config.hidden_size
         self.gate = nn.Linear(h, config.num_experts, bias=False)
         self.experts = Experts(config.num_experts, h, config.moe_intermediate_size)
-        self.shared_expert = MLP(h, config.shared_expert_intermediate_size or 0)
+        self.shared_expert = MLP(h, config.shared_expert_intermediate_size or 0, ops)
         self.shared_expert_gate = nn.Linear(h, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, q, H]
         shape = x.shape
         xf = x.reshape(-1, shape[-1])  # [N, H]
-        logits = self.gate(xf)  # [N, E] model dtype
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        w, idx = torch.topk(probs, self.top_k, dim=-1)
-        w = (w / w.sum(-1, keepdim=True)).to(logits.dtype)
+        # renormalised top-k of the fp32 softmax of the router logits [N, E]: idx [N, k], w model dtype
+        idx, w = self.ops.moe_route(self.gate(xf), self.top_k)
         routed = self.ops.moe_experts(xf, self.experts.gate_up_proj, self.experts.down_proj, idx, w)
-        shared = torch.sigmoid(self.shared_expert_gate(xf)) * self.shared_expert(xf)
-        return (routed + shared).reshape(shape)
+        # routed + sigmoid(shared gate) * shared expert
+        out = self.ops.shared_expert_add(routed, self.shared_expert_gate(xf), self.shared_expert(xf))
+        return out.reshape(shape)

@@ -44,7 +44,7 @@ class GatedDeltaNet(nn.Module):
         self.conv1d.weight = nn.Parameter(torch.empty(c, 1, config.linear_conv_kernel_dim))
         self.dt_bias = nn.Parameter(torch.ones(self.nv))
         self.A_log = nn.Parameter(torch.zeros(self.nv))
-        self.norm = GatedRMSNorm(self.dv, eps=config.rms_norm_eps)
+        self.norm = GatedRMSNorm(self.dv, eps=config.rms_norm_eps, ops=ops)
         self.out_proj = nn.Linear(self.value_dim, h, bias=False)
 
     def forward(

@@ -17,7 +17,7 @@ from ninfer.model.norms import RMSNorm1p
 def make_ffn(config: TextConfig, ops: Ops) -> nn.Module:
     if config.is_moe:
         return SparseMoE(config, ops)
-    return MLP(config.hidden_size, config.intermediate_size or 0)
+    return MLP(config.hidden_size, config.intermediate_size or 0, ops)
 
 
 class DecoderLayer(nn.Module):
@@ -31,8 +31,8 @@ class DecoderLayer(nn.Module):
         else:
             self.linear_attn = GatedDeltaNet(config, ops)
         self.mlp = make_ffn(config, ops)
-        self.input_layernorm = RMSNorm1p(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm1p(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm1p(config.hidden_size, config.rms_norm_eps, ops)
+        self.post_attention_layernorm = RMSNorm1p(config.hidden_size, config.rms_norm_eps, ops)
 
     def forward_attention(
         self,
@@ -42,11 +42,15 @@ class DecoderLayer(nn.Module):
         kv: KVLayer,
         batch: ForwardBatch,
     ) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, batch)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h, y = self.post_attention_layernorm.add(
+            x, self.self_attn(self.input_layernorm(x), cos, sin, kv, batch)
+        )
+        return h + self.mlp(y)  # h = x + mixer(norm(x)), y = norm(h)
 
     def forward_linear(
         self, x: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, slots: GDNSlots
     ) -> torch.Tensor:
-        h = x + self.linear_attn(self.input_layernorm(x), conv_pool, ssm_pool, slots)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h, y = self.post_attention_layernorm.add(
+            x, self.linear_attn(self.input_layernorm(x), conv_pool, ssm_pool, slots)
+        )
+        return h + self.mlp(y)

@@ -5,10 +5,13 @@ Per phase (what `ninfer.model` calls):
   `conv_step`, in place on the slot pools (no gather/scatter, no host sync).
 * GDN prefill: `fla.ops.gated_delta_rule.chunk_gated_delta_rule` (fla-core, when importable;
   else the torch reference chunked rule, logged once) with the torch conv.
-* Attention: Triton `paged_attention` for every q (float or int8 pools); K/V writes are torch
-  index_copy (int8: quantised on write).
-* MoE experts: `torch._grouped_mm` after a sort by expert when it runs on this device and dtype
-  (bf16, sm_90+); otherwise gathered expert weights + bmm for <= 64 rows, the reference loop above.
+* Attention: Triton `paged_attention` for every q (float or int8 pools); K/V writes in one Triton
+  launch for float pools (int8: quantised on write by torch ops).
+* MoE experts: for <= 64 (token, expert) rows (decode, verify) two Triton GEMV launches
+  (`moe.moe_experts_small`); above, `torch._grouped_mm` after a sort by expert when it runs on
+  this device and dtype (bf16, sm_90+), else the reference loop. Router: one Triton launch.
+* Norms (1+w, residual add + norm, gated, q/k norm + rope) and the gated products around them
+  (attention output gate, SwiGLU, shared-expert add): one Triton launch each (`norms`, `gates`).
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ from collections.abc import Callable
 
 import torch
 
-from ninfer.kernels import attention_ref, conv_ref, gdn_ref, moe_ref
+from ninfer.kernels import conv_ref, gdn_ref, moe_ref
 from ninfer.kernels.dispatch import Ops
-from ninfer.kernels.moe_grouped import GATHER_MAX_ROWS, moe_experts_gathered, moe_experts_grouped
+from ninfer.kernels.moe_grouped import moe_experts_grouped
+from ninfer.kernels.triton import gates, moe, norms
 from ninfer.kernels.triton.conv_step import conv_step as triton_conv_step
 from ninfer.kernels.triton.gdn_decode import gdn_decode_step
 from ninfer.kernels.triton.gdn_decode import recurrent_gated_delta_rule as triton_recurrent
 from ninfer.kernels.triton.kv_int8 import write_kv_int8
+from ninfer.kernels.triton.kv_write import write_kv as triton_write_kv
 from ninfer.kernels.triton.paged_attention import paged_attention as triton_paged_attention
 
 log = logging.getLogger(__name__)
@@ -101,7 +106,7 @@ def _write_kv(
             raise ValueError("int8 KV pools need k_scale and v_scale [num_pages, page, nkv]")
         write_kv_int8(k_pool, v_pool, k_scale, v_scale, k, v, page_table, cache_lens)
     else:
-        attention_ref.write_kv(k_pool, v_pool, k, v, page_table, cache_lens)
+        triton_write_kv(k_pool, v_pool, k, v, page_table, cache_lens)
 
 
 def _paged_attention(
@@ -149,10 +154,10 @@ def moe_experts(
     topk_w: torch.Tensor,
 ) -> torch.Tensor:
     """`moe_ref.moe_experts`'s contract without host syncs where possible (see the module docstring)."""
+    if topk_idx.numel() <= moe.SMALL_MAX_ROWS:
+        return moe.moe_experts_small(x, gate_up, down, topk_idx, topk_w)
     if grouped_mm_works(x.device, x.dtype):
         return moe_experts_grouped(x, gate_up, down, topk_idx, topk_w)
-    if topk_idx.numel() <= GATHER_MAX_ROWS:
-        return moe_experts_gathered(x, gate_up, down, topk_idx, topk_w)
     return moe_ref.moe_experts(x, gate_up, down, topk_idx, topk_w)
 
 
@@ -173,4 +178,12 @@ def triton_ops() -> Ops:
         write_kv=_write_kv,
         paged_attention=_paged_attention,
         moe_experts=moe_experts,
+        rms_norm=norms.rms_norm,
+        add_rms_norm=norms.add_rms_norm,
+        gated_rms_norm=norms.gated_rms_norm,
+        norm_rope=norms.norm_rope,
+        sigmoid_gate=gates.sigmoid_gate,
+        silu_mul=gates.silu_mul,
+        shared_expert_add=gates.shared_expert_add,
+        moe_route=moe.moe_route,
     )
