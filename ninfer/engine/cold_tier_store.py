@@ -99,6 +99,7 @@ class ColdTierStore(ABC):
         self._where: dict[int, Arena] = {}
         self._clock = itertools.count(1)
         self._touched: dict[int, int] = {}  # key -> last use, global LRU across arenas
+        self._pinned: set[int] = set()  # entries about to be restored: never evicted
 
     # ----- what the device implementation provides -----
     @abstractmethod
@@ -139,16 +140,26 @@ class ColdTierStore(ABC):
             self._copy(self.staging[:m], src[i : i + m])
             self._copy(dst[i : i + m], self.staging[:m])
 
+    def pin(self, key: int) -> None:
+        """Keep an entry from LRU eviction until `unpin` (or `take`)."""
+        self._pinned.add(key)
+
+    def unpin(self, key: int) -> None:
+        self._pinned.discard(key)
+
     def _drop(self, key: int) -> None:
         arena = self._where.pop(key)
         entry = arena.entries.pop(key)
         arena.used -= entry.nbytes
         self._touched.pop(key, None)
+        self._pinned.discard(key)
 
     def _evict_one(self, arena: Arena) -> bool:
-        if not arena.entries:
+        """Drop the arena's least recently used unpinned entry; False when there is none."""
+        key = next((k for k in arena.entries if k not in self._pinned), None)
+        if key is None:
             return False
-        self._drop(next(iter(arena.entries)))
+        self._drop(key)
         self.evictions += 1
         return True
 
@@ -161,7 +172,7 @@ class ColdTierStore(ABC):
             return max(room, key=lambda a: a.capacity - a.used)
 
         def oldest(a: Arena) -> int:  # the arena whose least recent entry is the oldest overall
-            return min((self._touched[k] for k in a.entries), default=0)
+            return min((self._touched[k] for k in a.entries if k not in self._pinned), default=0)
 
         return min(fits, key=oldest)
 
@@ -171,7 +182,8 @@ class ColdTierStore(ABC):
         nbytes = sum(s.nbytes for s in specs)
         arena = self._pick_arena(nbytes)
         while arena.capacity - arena.used < nbytes:
-            self._evict_one(arena)
+            if not self._evict_one(arena):
+                raise ParkError(f"no room for {nbytes} bytes on {arena.device}: the rest is being restored")
         data = None
         while data is None:
             try:

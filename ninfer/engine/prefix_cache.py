@@ -205,19 +205,23 @@ class PrefixCache:
         key, image_pages = found
         empty = [ln for ln in idle if not ln.resident]
         lane = empty[0] if empty else min(idle, key=lambda ln: ln.last_used)
-        if lane.resident:
-            self._evict(lane)
-        for victim in sorted(self.residents(), key=lambda ln: ln.last_used):
-            if self.allocator.free_count >= image_pages:
-                break
-            self._evict(victim)
-        pages = self.allocator.alloc(image_pages)
-        if self.tier.restore(key, lane, pages, seq_id):
-            self._tick += 1
-            lane.last_used = self._tick
-        else:
-            lane.clear()
-            self.allocator.free(pages)
+        self.tier.store.pin(key)  # parking the residents below must not evict the image
+        try:
+            if lane.resident:
+                self._evict(lane)
+            for victim in sorted(self.residents(), key=lambda ln: ln.last_used):
+                if self.allocator.free_count >= image_pages:
+                    break
+                self._evict(victim)
+            pages = self.allocator.alloc(image_pages)
+            if self.tier.restore(key, lane, pages, seq_id):
+                self._tick += 1
+                lane.last_used = self._tick
+            else:
+                lane.clear()
+                self.allocator.free(pages)
+        finally:
+            self.tier.store.unpin(key)
 
     def release(self, lane: Lane, keep: bool) -> None:
         """The lane's request ended: keep it resident (trimmed to its ledger) or clear it."""

@@ -9,11 +9,13 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import torch
 
 from ninfer.engine.api import GenerationRequest, RequestStats, SamplingParams
 from ninfer.engine.cold_tier_store import CpuArenaStore
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
+from ninfer.engine.sizing import page_bytes, slot_bytes
 from tests.spec.helpers import mtp_model
 
 MIB = 1 << 20
@@ -92,4 +94,147 @@ def test_two_conversations_on_one_lane_restore_every_later_turn(model) -> None:
         assert all(s.cached_tokens == 0 and not s.cold_tier for s in stats["plain"])
     finally:
         for eng in engines.values():
+            eng.shutdown(5)
+
+
+class Drafts:
+    """Keeps the drafts a speculative engine proposes (MTP state after a restore shows in them)."""
+
+    def __init__(self, eng: Engine) -> None:
+        self.rounds: list[list[int]] = []
+        inner = eng.spec.drafter.propose
+
+        def propose(rows, k):
+            out = inner(rows, k)
+            self.rounds.extend(p.tokens for p in out)
+            return out
+
+        eng.spec.drafter.propose = propose
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "int8"])
+def test_turn_checkpoint_restore_with_spec(model, kv_dtype: str | None) -> None:
+    """A re-rendered final turn diverges right after the turn checkpoint: the parked image's
+    checkpoint slot is restored and only the tail re-prefilled. Drafts equal those of an engine that
+    kept both conversations resident (the MTP pool pages and pending rows came back intact)."""
+    kw: dict[str, Any] = {"spec_method": "mtp", "draft_tokens": 3, "kv_dtype": kv_dtype}
+    tier = engine(model, CpuArenaStore([8 * MIB], staging_bytes=1000), **kw)
+    resident = engine(model, max_concurrency=2, kv_capacity=512, **kw)
+    off = engine(model, no_prefix_reuse=True, kv_dtype=kv_dtype)
+    drafts = {"tier": Drafts(tier), "resident": Drafts(resident)}
+    try:
+        heads = [tokens(50, 1), tokens(50, 2)]  # closed histories (turn checkpoint at their end)
+        opens = [tokens(9, 3), tokens(9, 4)]  # open assistant turns: the generation prompt
+        for rnd in range(3):
+            for c in (0, 1):
+                prompt, turn = [*heads[c], *opens[c]], len(heads[c])
+                for d in drafts.values():
+                    d.rounds.clear()
+                out, st = run(tier, prompt, turn, max_tokens=8)
+                want, st_res = run(resident, prompt, turn, max_tokens=8)
+                assert out == want and drafts["tier"].rounds == drafts["resident"].rounds
+                if kv_dtype is None:  # int8 rows quantised in a decode step can differ from a prefill's
+                    assert out == run(off, prompt, max_tokens=8)[0]
+                if rnd == 0:
+                    assert not st.cold_tier["restored"]
+                else:
+                    assert st.cold_tier["restored"], st
+                    want_path = ("restore_turn_checkpoint", turn - 9)  # the previous turn's checkpoint
+                    assert (st.reuse_path, st.cached_tokens) == want_path
+                    assert (st_res.reuse_path, st_res.cached_tokens) == want_path
+                # the next request closes this turn re-rendered (505 never occurs in `opens`)
+                heads[c] = [*heads[c], 505, *out[:4], *tokens(4, 9 + c)]
+        c = tier.cold_tier.counters
+        assert (c.restores, c.restore_failures, c.park_failures) == (4, 0, 0)
+    finally:
+        for eng in (tier, resident, off):
+            eng.shutdown(5)
+
+
+def _one_page_image_bytes(model: Any) -> int:
+    """A parked 1-page lane without checkpoints: one KV page plus the live GDN slot."""
+    cfg = model.config
+    return page_bytes(cfg, torch.float32) + slot_bytes(cfg, torch.float32)
+
+
+def _paths(stats: list[RequestStats]) -> list[tuple[str, bool]]:
+    return [(s.reuse_path, bool(s.cold_tier.get("restored"))) for s in stats]
+
+
+def test_capacity_evicts_least_recently_parked(model) -> None:
+    """Three conversations, one lane, arenas holding two images: the LRU order decides who returns.
+    Ledgers stay within one page, so every image has the same size."""
+    size = _one_page_image_bytes(model)
+    store = CpuArenaStore([2 * size + size // 2], staging_bytes=512)
+    engines = {"tier": engine(model, store), "off": engine(model, no_prefix_reuse=True)}
+    try:
+        chats = Chats(3, first=20, step=4)
+        stats: list[RequestStats] = []
+        for _ in range(3):
+            for c in range(3):
+                out, st = run(engines["tier"], chats.prompt(c), max_tokens=4)
+                assert out == run(engines["off"], chats.prompt(c), max_tokens=4)[0]
+                assert st.cached_tokens == (len(chats.prompt(c)) - 5 if st.cold_tier["restored"] else 0)
+                stats.append(st)
+                chats.reply(c, out)
+        fr, af = ("full_reset", False), ("append_frontier", True)
+        # A B C | A: restore (parking C evicts B) | B: evicted | C: restore (parking B evicts A) |
+        # A: evicted | B: restore (parking A evicts C) | C: evicted
+        assert _paths(stats) == [("none", False), fr, fr, af, fr, af, fr, af, fr]
+        last = stats[-1].cold_tier
+        assert (last["parks"], last["restores"], last["evictions"]) == (8, 3, 3)
+        assert last["entries"] == 2 and last["used_bytes"] == 2 * size
+        assert last["capacity_bytes"] == 2 * size + size // 2
+    finally:
+        for eng in engines.values():
+            eng.shutdown(5)
+
+
+class FailingReads(CpuArenaStore):
+    """Host arenas whose next `fail` reads break mid-transfer."""
+
+    fail = 0
+    _reading = False
+
+    def take(self, key: int, device: torch.device):
+        self._reading = True
+        try:
+            return super().take(key, device)
+        finally:
+            self._reading = False
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if self._reading and self.fail:
+            self.fail -= 1
+            raise RuntimeError("injected transfer failure")
+        super()._copy(dst, src)
+
+
+def test_oversize_park_and_failed_restore_fall_back(model) -> None:
+    small = engine(model, CpuArenaStore([1000], staging_bytes=256))  # smaller than any image
+    flaky_store = FailingReads([1 * MIB], staging_bytes=256)
+    flaky = engine(model, flaky_store)
+    off = engine(model, no_prefix_reuse=True)
+    try:
+        chats = Chats(2)
+        got: dict[str, list[RequestStats]] = {"small": [], "flaky": []}
+        for rnd in range(2):
+            for c in range(2):
+                flaky_store.fail = 1 if (rnd, c) == (1, 0) else 0
+                want = run(off, chats.prompt(c))[0]
+                for name, eng in (("small", small), ("flaky", flaky)):
+                    out, st = run(eng, chats.prompt(c))
+                    assert out == want
+                    got[name].append(st)
+                chats.reply(c, want)
+        fr = ("full_reset", False)
+        assert _paths(got["small"]) == [("none", False), fr, fr, fr]
+        last = got["small"][-1].cold_tier
+        assert (last["park_failures"], last["parks"], last["entries"], last["used_bytes"]) == (3, 0, 0, 0)
+        # A's restore breaks: counted, dropped, A re-prefills; B (parked meanwhile) still restores
+        assert _paths(got["flaky"]) == [("none", False), fr, fr, ("append_frontier", True)]
+        last = got["flaky"][-1].cold_tier
+        assert (last["restore_failures"], last["restores"], last["parks"]) == (1, 1, 3)
+    finally:
+        for eng in (small, flaky, off):
             eng.shutdown(5)
