@@ -50,9 +50,7 @@ def _parts(content: Any, param: str, ctx: ApiContext, allow_media: bool) -> list
     if not isinstance(content, list):
         raise invalid(param, f"{param!r} must be a string or an array of content parts", "invalid_type")
     parts: list[Any] = []
-    for j, raw in enumerate(content):
-        p = f"{param}[{j}]"
-        part = f.as_dict(raw, p)
+    for p, part in f.objects(content, param):
         kind = part.get("type")
         if kind == "text":
             parts.append(TextPart(f.req_str(part, "text", f"{p}.text", nonempty=False)))
@@ -74,9 +72,7 @@ def _parts(content: Any, param: str, ctx: ApiContext, allow_media: bool) -> list
 
 def _tool_calls(raw: list[Any], param: str) -> list[ToolCall]:
     calls = []
-    for i, item in enumerate(raw):
-        p = f"{param}[{i}]"
-        call = f.as_dict(item, p)
+    for p, call in f.objects(raw, param):
         if call.get("type", "function") != "function":
             raise invalid(f"{p}.type", "only function tool calls are supported", "invalid_value")
         fn = f.as_dict(call.get("function"), f"{p}.function")
@@ -95,9 +91,7 @@ def _tool_calls(raw: list[Any], param: str) -> list[ToolCall]:
     return calls
 
 
-def _message(raw: Any, i: int, ctx: ApiContext) -> Message:
-    p = f"messages[{i}]"
-    msg = f.as_dict(raw, p)
+def _message(msg: dict[str, Any], p: str, ctx: ApiContext) -> Message:
     role = msg.get("role")
     content = msg.get("content")
     name = f.opt_str(msg, "name", f"{p}.name")
@@ -124,9 +118,7 @@ def _message(raw: Any, i: int, ctx: ApiContext) -> Message:
 
 def _tools(body: dict[str, Any]) -> list[Tool]:
     tools = []
-    for i, raw in enumerate(f.opt_list(body, "tools") or []):
-        p = f"tools[{i}]"
-        tool = f.as_dict(raw, p)
+    for p, tool in f.objects(f.opt_list(body, "tools") or [], "tools"):
         if tool.get("type") != "function":
             raise unsupported(f"{p}.type", "only function tools are supported")
         fn = f.as_dict(tool.get("function"), f"{p}.function")
@@ -172,7 +164,7 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
     f.reject_unknown(body, KNOWN)
     model = f.req_str(body, "model")
     ctx.check_model(model)
-    messages = [_message(m, i, ctx) for i, m in enumerate(f.req_list(body, "messages"))]
+    messages = [_message(m, p, ctx) for p, m in f.objects(f.req_list(body, "messages"), "messages")]
     legacy, current = f.opt_int(body, "max_tokens", 1), f.opt_int(body, "max_completion_tokens", 1)
     if legacy is not None and current is not None and legacy != current:
         raise invalid("max_completion_tokens", "max_tokens and max_completion_tokens disagree")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ninfer.api.errors import ApiError, invalid, unknown_parameter
@@ -37,35 +37,44 @@ def _present(body: Mapping[str, Any], key: str) -> Any:
     return _MISSING if value is None else value
 
 
-def req_str(body: Mapping[str, Any], key: str, param: str | None = None, nonempty: bool = True) -> str:
-    value = _present(body, key)
-    if value is _MISSING:
-        raise invalid(
-            param or key, f"missing required parameter: {param or key!r}", "missing_required_parameter"
-        )
-    if not isinstance(value, str):
-        raise invalid(param or key, f"{param or key!r} must be a string", "invalid_type")
+def _required(value: Any, name: str, nonempty: bool) -> Any:
+    if value is None:
+        raise invalid(name, f"missing required parameter: {name!r}", "missing_required_parameter")
     if nonempty and not value:
-        raise invalid(param or key, f"{param or key!r} must not be empty", "invalid_value")
+        raise invalid(name, f"{name!r} must not be empty", "invalid_value")
     return value
+
+
+def _checked(value: Any, name: str, kind: type, noun: str) -> Any:
+    if not isinstance(value, kind):
+        raise invalid(name, f"{name!r} must be {noun}", "invalid_type")
+    return value
+
+
+def _in_range(value: Any, name: str, lo: float | None, hi: float | None) -> Any:
+    if lo is not None and value < lo:
+        raise invalid(name, f"{name!r} must be >= {lo}, got {value}", "invalid_value")
+    if hi is not None and value > hi:
+        raise invalid(name, f"{name!r} must be <= {hi}, got {value}", "invalid_value")
+    return value
+
+
+def _opt(body: Mapping[str, Any], key: str, param: str | None, kind: type, noun: str) -> Any:
+    """The field's value when present and of `kind`, None when absent or null."""
+    value = _present(body, key)
+    return None if value is _MISSING else _checked(value, param or key, kind, noun)
+
+
+def req_str(body: Mapping[str, Any], key: str, param: str | None = None, nonempty: bool = True) -> str:
+    return _required(opt_str(body, key, param), param or key, nonempty)
 
 
 def opt_str(body: Mapping[str, Any], key: str, param: str | None = None) -> str | None:
-    value = _present(body, key)
-    if value is _MISSING:
-        return None
-    if not isinstance(value, str):
-        raise invalid(param or key, f"{param or key!r} must be a string", "invalid_type")
-    return value
+    return _opt(body, key, param, str, "a string")
 
 
 def opt_bool(body: Mapping[str, Any], key: str, param: str | None = None) -> bool | None:
-    value = _present(body, key)
-    if value is _MISSING:
-        return None
-    if not isinstance(value, bool):
-        raise invalid(param or key, f"{param or key!r} must be a boolean", "invalid_type")
-    return value
+    return _opt(body, key, param, bool, "a boolean")
 
 
 def opt_int(
@@ -80,11 +89,7 @@ def opt_int(
             value = int(value)
         else:
             raise invalid(name, f"{name!r} must be an integer", "invalid_type")
-    if lo is not None and value < lo:
-        raise invalid(name, f"{name!r} must be >= {lo}, got {value}", "invalid_value")
-    if hi is not None and value > hi:
-        raise invalid(name, f"{name!r} must be <= {hi}, got {value}", "invalid_value")
-    return value
+    return _in_range(value, name, lo, hi)
 
 
 def opt_float(
@@ -100,45 +105,30 @@ def opt_float(
     name = param or key
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise invalid(name, f"{name!r} must be a finite number", "invalid_type")
-    if lo is not None and value < lo:
-        raise invalid(name, f"{name!r} must be >= {lo}, got {value}", "invalid_value")
-    if hi is not None and value > hi:
-        raise invalid(name, f"{name!r} must be <= {hi}, got {value}", "invalid_value")
-    return float(value)
+    return float(_in_range(value, name, lo, hi))
 
 
 def opt_dict(body: Mapping[str, Any], key: str, param: str | None = None) -> dict[str, Any] | None:
-    value = _present(body, key)
-    if value is _MISSING:
-        return None
-    if not isinstance(value, dict):
-        raise invalid(param or key, f"{param or key!r} must be an object", "invalid_type")
-    return value
+    return _opt(body, key, param, dict, "an object")
 
 
 def opt_list(body: Mapping[str, Any], key: str, param: str | None = None) -> list[Any] | None:
-    value = _present(body, key)
-    if value is _MISSING:
-        return None
-    if not isinstance(value, list):
-        raise invalid(param or key, f"{param or key!r} must be an array", "invalid_type")
-    return value
+    return _opt(body, key, param, list, "an array")
 
 
 def req_list(body: Mapping[str, Any], key: str, param: str | None = None, nonempty: bool = True) -> list[Any]:
-    value = opt_list(body, key, param)
-    name = param or key
-    if value is None:
-        raise invalid(name, f"missing required parameter: {name!r}", "missing_required_parameter")
-    if nonempty and not value:
-        raise invalid(name, f"{name!r} must not be empty", "invalid_value")
-    return value
+    return _required(opt_list(body, key, param), param or key, nonempty)
 
 
 def as_dict(value: Any, param: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise invalid(param, f"{param!r} must be an object", "invalid_type")
-    return value
+    return _checked(value, param, dict, "an object")
+
+
+def objects(values: list[Any], param: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(path, object) for each element of an array that must hold objects: `param[j]`."""
+    for j, raw in enumerate(values):
+        path = f"{param}[{j}]"
+        yield path, as_dict(raw, path)
 
 
 def stop_list(body: Mapping[str, Any], key: str, max_items: int = 16) -> tuple[str, ...]:

@@ -43,11 +43,10 @@ def _text_blocks(content: Any, param: str) -> list[TextPart]:
     if not isinstance(content, list):
         raise invalid(param, f"{param!r} must be a string or an array of text blocks", "invalid_type")
     out = []
-    for j, raw in enumerate(content):
-        block = f.as_dict(raw, f"{param}[{j}]")
+    for p, block in f.objects(content, param):
         if block.get("type") != "text":
-            raise invalid(f"{param}[{j}].type", "only text blocks are allowed here", "invalid_value")
-        out.append(TextPart(f.req_str(block, "text", f"{param}[{j}].text", nonempty=False)))
+            raise invalid(f"{p}.type", "only text blocks are allowed here", "invalid_value")
+        out.append(TextPart(f.req_str(block, "text", f"{p}.text", nonempty=False)))
     return out
 
 
@@ -69,16 +68,13 @@ def _tool_result(block: dict[str, Any], param: str, ctx: ApiContext) -> Message:
     if isinstance(content, str):
         parts = [TextPart(content)]
     elif isinstance(content, list):
-        for j, raw in enumerate(content):
-            sub = f.as_dict(raw, f"{param}.content[{j}]")
+        for p, sub in f.objects(content, f"{param}.content"):
             if sub.get("type") == "text":
-                parts.append(TextPart(f.req_str(sub, "text", f"{param}.content[{j}].text", nonempty=False)))
+                parts.append(TextPart(f.req_str(sub, "text", f"{p}.text", nonempty=False)))
             elif sub.get("type") == "image":
-                parts.append(_image(sub, f"{param}.content[{j}]", ctx))
+                parts.append(_image(sub, p, ctx))
             else:
-                raise invalid(
-                    f"{param}.content[{j}].type", "tool results hold text or image blocks", "invalid_value"
-                )
+                raise invalid(f"{p}.type", "tool results hold text or image blocks", "invalid_value")
     elif content is not None:
         raise invalid(f"{param}.content", "tool result content must be a string or an array", "invalid_type")
     call_id = f.req_str(block, "tool_use_id", f"{param}.tool_use_id")
@@ -93,9 +89,7 @@ def _user(content: Any, param: str, ctx: ApiContext) -> list[Message]:
         raise invalid(param, f"{param!r} must be a string or an array of blocks", "invalid_type")
     out: list[Message] = []
     parts: list[Any] = []
-    for j, raw in enumerate(content):
-        p = f"{param}[{j}]"
-        block = f.as_dict(raw, p)
+    for p, block in f.objects(content, param):
         kind = block.get("type")
         if kind == "tool_result":
             if parts:
@@ -121,9 +115,7 @@ def _assistant(content: Any, param: str) -> Message:
     parts: list[Any] = []
     reasoning: list[str] = []
     calls: list[ToolCall] = []
-    for j, raw in enumerate(content):
-        p = f"{param}[{j}]"
-        block = f.as_dict(raw, p)
+    for p, block in f.objects(content, param):
         kind = block.get("type")
         if kind == "text":
             parts.append(TextPart(f.req_str(block, "text", f"{p}.text", nonempty=False)))
@@ -168,9 +160,7 @@ def conversation(body: dict[str, Any], ctx: ApiContext) -> tuple[Conversation, i
     if system is not None and system != "" and system != []:
         out.append(Message(role="system", parts=_text_blocks(system, "system")))
     roles: list[str] = []
-    for i, raw in enumerate(raw_messages):
-        p = f"messages[{i}]"
-        msg = f.as_dict(raw, p)
+    for p, msg in f.objects(raw_messages, "messages"):
         role, content = msg.get("role"), msg.get("content")
         if content is None:
             raise invalid(f"{p}.content", "missing required parameter", "missing_required_parameter")
@@ -190,9 +180,7 @@ def conversation(body: dict[str, Any], ctx: ApiContext) -> tuple[Conversation, i
 
 def _tools(body: dict[str, Any]) -> list[Tool]:
     tools = []
-    for i, raw in enumerate(f.opt_list(body, "tools") or []):
-        p = f"tools[{i}]"
-        tool = f.as_dict(raw, p)
+    for p, tool in f.objects(f.opt_list(body, "tools") or [], "tools"):
         if tool.get("type") not in (None, "custom"):
             raise unsupported(f"{p}.type", "only client-defined tools are supported")
         schema = f.opt_dict(tool, "input_schema", f"{p}.input_schema")

@@ -72,6 +72,9 @@ class FrontendPrompts:
             raise invalid(
                 "messages", f"the chat template rejected the conversation: {exc}", "invalid_prompt"
             ) from None
+        token_ids = tuple(prompt.token_ids)
+        turn, response = prompt.turn_checkpoint, prompt.response_checkpoint
+        multimodal, media_log = None, None
         if prompt.media:
             if self.media is None:
                 raise ApiError(
@@ -80,28 +83,19 @@ class FrontendPrompts:
                     "media input requires a server started with vision enabled",
                     "messages",
                 )
-            exp = self.media.expand(
-                prompt.token_ids, prompt.media, deadline, prompt.turn_checkpoint, prompt.response_checkpoint
-            )
-            return Prepared(
-                token_ids=exp.token_ids,
-                thinking=options.thinking,
-                preserve_thinking=options.preserve_thinking,
-                effort=options.effort,
-                turn_checkpoint=exp.turn_checkpoint,
-                response_checkpoint=exp.response_checkpoint,
-                media_items=len(prompt.media),
-                multimodal=exp.multimodal,
-                media_log=exp.log,
-            )
+            exp = self.media.expand(prompt.token_ids, prompt.media, deadline, turn, response)
+            token_ids, turn, response = exp.token_ids, exp.turn_checkpoint, exp.response_checkpoint
+            multimodal, media_log = exp.multimodal, exp.log
         return Prepared(
-            token_ids=tuple(prompt.token_ids),
+            token_ids=token_ids,
             thinking=options.thinking,
             preserve_thinking=options.preserve_thinking,
             effort=options.effort,
-            turn_checkpoint=prompt.turn_checkpoint,
-            response_checkpoint=prompt.response_checkpoint,
+            turn_checkpoint=turn,
+            response_checkpoint=response,
             media_items=len(prompt.media),
+            multimodal=multimodal,
+            media_log=media_log,
         )
 
     def decoder(self, prepared: Prepared, tools: list[Any]) -> FrontendDecoder:

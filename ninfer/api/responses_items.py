@@ -67,8 +67,7 @@ def _media_url(part: dict[str, Any], key: str, param: str) -> str:
     return url
 
 
-def _part(raw: Any, role: str, param: str, vision: bool) -> dict[str, Any]:
-    part = f.as_dict(raw, param)
+def _part(part: dict[str, Any], role: str, param: str, vision: bool) -> dict[str, Any]:
     kind = part.get("type")
     if kind == "input_text" or kind == "output_text":
         wanted = "output_text" if role == "assistant" else "input_text"
@@ -115,7 +114,7 @@ def _message(item: dict[str, Any], param: str, vision: bool) -> dict[str, Any]:
         kind = "output_text" if role == "assistant" else "input_text"
         parts = [{"type": kind, "text": content, **({"annotations": []} if role == "assistant" else {})}]
     elif isinstance(content, list):
-        parts = [_part(p, role, f"{param}.content[{j}]", vision) for j, p in enumerate(content)]
+        parts = [_part(part, role, p, vision) for p, part in f.objects(content, f"{param}.content")]
     elif content is None:
         raise invalid(f"{param}.content", "message content is required", "missing_required_parameter")
     else:
@@ -129,9 +128,7 @@ def _reasoning(item: dict[str, Any], param: str) -> dict[str, Any]:
     if f.opt_list(item, "summary", f"{param}.summary"):
         raise unsupported_value(f"{param}.summary", "reasoning summaries are not supported; send raw content")
     parts = []
-    for j, raw in enumerate(f.opt_list(item, "content", f"{param}.content") or []):
-        p = f"{param}.content[{j}]"
-        part = f.as_dict(raw, p)
+    for p, part in f.objects(f.opt_list(item, "content", f"{param}.content") or [], f"{param}.content"):
         if part.get("type") != "reasoning_text":
             raise unsupported_value(f"{p}.type", "reasoning content parts must be reasoning_text")
         _only(part, ("type", "text"), p)
@@ -187,9 +184,7 @@ def normalize_input(raw: Any, vision: bool, taken: Iterable[str] = ()) -> list[d
         raise invalid("input", "input must not be empty", "invalid_value")
     seen = set(taken)
     items = []
-    for i, value in enumerate(raw):
-        param = f"input[{i}]"
-        item = f.as_dict(value, param)
+    for param, item in f.objects(raw, "input"):
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
             norm = _message(item, param, vision)

@@ -70,9 +70,7 @@ def _metadata(body: dict[str, Any]) -> dict[str, str]:
 def _tools(body: dict[str, Any]) -> tuple[list[Tool], list[dict[str, Any]]]:
     tools: list[Tool] = []
     defs: list[dict[str, Any]] = []
-    for i, raw in enumerate(f.opt_list(body, "tools") or []):
-        p = f"tools[{i}]"
-        tool = f.as_dict(raw, p)
+    for p, tool in f.objects(f.opt_list(body, "tools") or [], "tools"):
         kind = tool.get("type")
         if kind != "function":
             raise unsupported_value(f"{p}.type", f"only flat function tools are supported, not {kind!r}")
