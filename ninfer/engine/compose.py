@@ -23,7 +23,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def engine_config(
     settings: Any, artifact: Any, device: str, dtype: str, vocab_limit: int | None = None
 ) -> EngineConfig:
-    """Map the `engine`, `kv` and `sampling` settings groups onto `EngineConfig`."""
+    """Map the `engine`, `kv`, `sampling`, `spec` and `cold_tier` settings groups onto `EngineConfig`."""
     es, ss = settings.engine, settings.sampling
     return EngineConfig(
         max_concurrency=es.max_concurrency,
@@ -53,7 +53,21 @@ def engine_config(
         # "bf16" is the contract's default and means the model's own dtype (fp32 on a CPU run)
         kv_dtype="int8" if settings.kv.dtype == "int8" else None,
         **spec_fields(settings.spec),
+        **cold_tier_fields(settings),
     )
+
+
+def cold_tier_fields(settings: Any) -> dict[str, Any]:
+    """The `cold_tier` settings group as `EngineConfig` fields (absent group: the defaults)."""
+    ct = getattr(settings, "cold_tier", None)
+    if ct is None:
+        return {}
+    return {
+        "cold_tier": ct.enabled,
+        "cold_tier_device": ct.device,
+        "cold_tier_capacity_mib": ct.capacity_mib,
+        "cold_tier_staging_mib": ct.staging_mib,
+    }
 
 
 def engine_parts(

@@ -45,3 +45,54 @@ def test_auto_capacity_plans_for_the_mtp_pool(monkeypatch) -> None:
     assert plain.num_pages == budget // pb == 100
     assert spec.num_pages == budget // (pb + mtp_pb) < 100
     assert spec.mtp_kv_bytes == spec.num_pages * mtp_pb and spec.mtp_page_bytes == mtp_pb
+
+
+def test_settings_reach_the_engine_config() -> None:
+    from types import SimpleNamespace
+
+    from ninfer.config.loader import load_settings
+    from ninfer.engine.compose import engine_config
+
+    artifact = SimpleNamespace(model_id="demo", family="qwen3_5")
+    argv = ["cold_tier.device=2", "cold_tier.capacity_mib=300", "cold_tier.staging_mib=8"]
+    cfg = engine_config(load_settings(argv), artifact, "cpu", "float32")
+    assert (cfg.cold_tier, cfg.cold_tier_device, cfg.cold_tier_capacity_mib, cfg.cold_tier_staging_mib) == (
+        True,
+        2,
+        300,
+        8,
+    )
+    assert not engine_config(load_settings(["cold_tier.enabled=false"]), artifact, "cpu", "float32").cold_tier
+
+
+def test_cuda_arena_selection(monkeypatch) -> None:
+    from ninfer.engine.cold_tier_store import MIB, cuda_arenas
+
+    free = {0: 50 << 30, 1: 10 << 30, 2: 100 * MIB}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (free[i], 80 << 30))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    arenas, why = cuda_arenas(torch.device("cuda", 0), -1, 0)
+    assert arenas == [] and "1 CUDA device" in why
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    arenas, _ = cuda_arenas(torch.device("cuda", 0), -1, 0)  # cuda:2 has less than 512 MiB free
+    assert [(str(a.device), a.capacity) for a in arenas] == [("cuda:1", (10 << 30) - 256 * MIB)]
+    arenas, _ = cuda_arenas(torch.device("cuda", 1), -1, 1024)
+    assert [(str(a.device), a.capacity) for a in arenas] == [("cuda:0", 1 << 30)]
+    arenas, _ = cuda_arenas(torch.device("cuda", 0), 2, 64)  # pinned: taken whatever is free
+    assert [(str(a.device), a.capacity) for a in arenas] == [("cuda:2", 64 * MIB)]
+    for device in (0, 3):
+        arenas, why = cuda_arenas(torch.device("cuda", 0), device, 0)
+        assert arenas == [] and "not a secondary device" in why
+
+
+def test_inactive_on_the_cpu_is_said_once(caplog) -> None:
+    import logging
+
+    from tests.engine.tiny import make_engine, tiny_model
+
+    with caplog.at_level(logging.INFO, logger="ninfer.engine.cold_tier"):
+        eng = make_engine(tiny_model(512), max_concurrency=1)
+    eng.shutdown(5)
+    lines = [r.getMessage() for r in caplog.records if r.name == "ninfer.engine.cold_tier"]
+    assert lines == ["cold tier inactive: the engine runs on cpu, not a CUDA device"]
+    assert eng.cold_tier is None and eng.cache.tier is None
