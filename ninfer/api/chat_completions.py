@@ -36,14 +36,6 @@ def usage_body(usage: Usage) -> dict[str, Any]:
     }
 
 
-def collect(gen: Generation) -> Finished:
-    """Drain a generation for a non-streaming answer (the caller closes it)."""
-    for event in gen.events():
-        if isinstance(event, Finished):
-            return event
-    raise internal("generation ended without a final event")
-
-
 def completion_body(rid: str, created: int, model: str, done: Finished) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": done.content or None}
     if done.reasoning:
@@ -138,7 +130,7 @@ class ChatCompletionsResource:
             resp.stream = stream_chunks(gen, ChunkStream(rid, created, model, request.include_usage))
             return
         try:
-            done = collect(gen)
+            done = gen.collect()
         finally:
             gen.close()
         resp.media = completion_body(rid, created, model, done)

@@ -149,12 +149,7 @@ class MessagesResource:
             resp.stream = stream_events(gen, mid, request.model)
             return
         try:
-            done = None
-            for event in gen.events():
-                if isinstance(event, Finished):
-                    done = event
-            if done is None:
-                raise internal("generation ended without a final event")
+            done = gen.collect()
         finally:
             gen.close()
         resp.media = message_body(mid, request.model, done)

@@ -193,6 +193,13 @@ class Generation:
             self._error = engine_error(exc)
             raise self._error from exc
 
+    def collect(self) -> Finished:
+        """Drain the events for a non-streaming answer (the caller still closes)."""
+        for event in self.events():
+            if isinstance(event, Finished):
+                return event
+        raise internal("generation ended without a final event")
+
     def _run(self) -> Iterator[Event]:
         finish: StepOutput | None = None
         for out in self._steps():
