@@ -19,8 +19,8 @@ from ninfer.frontend.conversation import ImagePart, VideoPart
 from ninfer.media.cache import PreparationTimeout
 from ninfer.media.config import IMAGE, VIDEO
 from ninfer.media.errors import MediaError
+from ninfer.media.mrope_index import MMTokenIds, build_mm_positions, expand_placeholders
 from ninfer.media.prepare import MediaItem, MediaPreparer, PreparedRequest, RequestLimits
-from ninfer.model.mrope_index import MMTokenIds, build_mm_positions, expand_placeholders
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ class MediaPayload(Protocol):
 
 
 class SpanLike(Protocol):
-    """`ninfer.model.mrope_index.MediaSpan`: item `item` (frame `frame`) at tokens [start, start+length)."""
+    """`ninfer.media.mrope_index.MediaSpan`: item `item` (frame `frame`) at tokens [start, start+length)."""
 
     @property
     def item(self) -> int: ...

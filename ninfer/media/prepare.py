@@ -65,7 +65,7 @@ class PreparedRequest:
 
     @property
     def media(self) -> list[PreparedMedia]:
-        """The payloads in prompt order (also the items `ninfer.model.mrope_index.expand_placeholders` takes)."""
+        """The payloads in prompt order (also the items `ninfer.media.mrope_index.expand_placeholders` takes)."""
         return [r.media for r in self.refs]
 
     @property

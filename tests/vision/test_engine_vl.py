@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from ninfer.engine.multimodal import MediaEncoder
+from ninfer.media.mrope_index import token_types
 from ninfer.model.cache import KVPool, StatePool, make_batch
-from ninfer.model.mrope_index import token_types
 from tests.vision.vl_engine import (
     IDS,
     build_vl,

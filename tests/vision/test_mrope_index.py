@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 
-from ninfer.model.mrope_index import (
+from ninfer.media.mrope_index import (
     MediaGrid,
     MMTokenIds,
     build_mm_positions,

@@ -20,7 +20,7 @@ from ninfer.engine.engine import Engine
 from ninfer.engine.multimodal import MultimodalPrompt
 from ninfer.media.config import VIDEO, ImageProcessing, PreparedMedia
 from ninfer.media.image import prepare_image
-from ninfer.model.mrope_index import MMTokenIds, build_mm_positions, expand_placeholders, token_types
+from ninfer.media.mrope_index import MMTokenIds, build_mm_positions, expand_placeholders, token_types
 from ninfer.model.weights import load_model
 from tests.vision.hf_tiny import hf_vl_model
 from tests.vision.media_samples import smooth_rgb

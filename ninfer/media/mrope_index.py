@@ -1,6 +1,6 @@
 """Media placeholder expansion and 3-axis MRoPE position ids (transformers 5.24 `get_rope_index`).
 
-Engine-facing API:
+Media-prompt API (pure: token ids and grids in, ids / spans / positions out; no model dependency):
 
 * `expand_placeholders(token_ids, items, encode_text, ids) -> ExpandedPrompt`: the rendered prompt
   holds one ``<|image_pad|>`` / ``<|video_pad|>`` per media item (`ninfer.frontend.prepare`); each
