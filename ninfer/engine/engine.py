@@ -8,6 +8,7 @@ commit tokens and check stops.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +47,8 @@ from ninfer.model.cache import KVPool, StatePool, kv_storage_dtype
 if TYPE_CHECKING:
     from ninfer.engine.cold_tier_store import ColdTierStore
     from ninfer.engine.spec.draft_head import DraftHead
+
+log = logging.getLogger("ninfer.engine")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -125,6 +128,7 @@ class Engine:
         self._drain_deadline: float | None = None
         self._snapshot = self.scheduler.snapshot()
         self._thread: threading.Thread | None = None
+        self.error: str | None = None  # set when the engine thread died; every request then fails
 
     @classmethod
     def from_settings(cls, settings: Any, artifact: Any) -> Engine:
@@ -148,8 +152,7 @@ class Engine:
 
     def reserve(self) -> Ticket:
         """A lifetime ticket; raises `EngineOverloaded` when max_concurrency + max_pending are live."""
-        if not self._accepting:
-            raise EngineStopped("the engine is shutting down")
+        self._check_accepting()
         return self.tickets.reserve()
 
     def submit(self, ticket: Ticket, request: GenerationRequest) -> RequestHandle:
@@ -192,8 +195,7 @@ class Engine:
         if self.spec is not None:
             stats.speculative = spec_counters.new_counters(self.spec.backend, self.spec.k)
         with self._cv:  # checked under the lock: the drain loop exits only with an empty inbox
-            if not self._accepting:
-                raise EngineStopped("the engine is shutting down")
+            self._check_accepting()
             self._next_id += 1
             sid = self._next_id
             seq = Seq(
@@ -211,6 +213,12 @@ class Engine:
             self._inbox.append(seq)
             self._cv.notify()
         return handle
+
+    def _check_accepting(self) -> None:
+        if self.error is not None:
+            raise EngineError(f"the engine failed: {self.error}")
+        if not self._accepting:
+            raise EngineStopped("the engine is shutting down")
 
     def _cancel(self, sid: int) -> None:
         with self._cv:
@@ -233,6 +241,29 @@ class Engine:
 
     # ----- engine thread -----
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # outside a step: the engine cannot go on
+            log.exception("the engine thread failed")
+            self._die(f"{type(exc).__name__}: {exc}")
+
+    def _die(self, error: str) -> None:
+        """Record the fatal error, refuse new work and fail every live and queued request."""
+        with self._cv:
+            self.error = error
+            self._accepting = False
+            queued, self._inbox = self._inbox, []
+            handles, self._handles = self._handles, {}
+        for seq in [*self._seqs.values(), *queued]:
+            try:
+                self._drop_media(seq)
+            except Exception:  # the payload references are released best-effort
+                pass
+        self._seqs.clear()
+        for handle in handles.values():
+            handle._put(EngineError(f"the engine failed: {error}"))
+
+    def _serve(self) -> None:
         sched = self.scheduler
         self.runner.prepare()  # CUDA graph capture, on this thread, before any sequence exists
         while True:

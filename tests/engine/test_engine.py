@@ -8,6 +8,7 @@ import pytest
 
 from ninfer.engine.api import (
     ContextLengthExceeded,
+    EngineError,
     EngineOverloaded,
     EngineStopped,
     GenerationRequest,
@@ -178,3 +179,26 @@ def test_submit_racing_the_drain_exit_is_refused(small_model) -> None:
         eng.submit(ticket, _req("late", _prompt(5, 12), max_tokens=2))
     ticket.release()
     assert eng._thread is None and not eng._handles and not eng._inbox
+
+
+def test_engine_thread_failure_fails_every_request_and_refuses_new_ones(small_model) -> None:
+    # A runner failure outside a step (here its preparation) ends the engine thread: every
+    # queued request ends with EngineError instead of waiting forever, and so does new work.
+    config = EngineConfig(max_concurrency=1, max_pending=2, max_context=256, prefill_chunk=64)
+    eng = Engine(small_model, config)
+
+    def broken_prepare() -> None:
+        raise RuntimeError("capture failed")
+
+    eng.runner.prepare = broken_prepare
+    handles = [eng.submit(eng.reserve(), _req(f"q{i}", _prompt(8, 20 + i), max_tokens=4)) for i in range(2)]
+    eng.start()
+    for h in handles:
+        with pytest.raises(EngineError, match="RuntimeError: capture failed"):
+            h.result(30)
+        h.close()
+    assert eng.error == "RuntimeError: capture failed"
+    with pytest.raises(EngineError):
+        eng.reserve()
+    assert eng.tickets.live == 0
+    eng.shutdown(1)
