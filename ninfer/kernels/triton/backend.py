@@ -12,6 +12,8 @@ Per phase (what `ninfer.model` calls):
   this device and dtype (bf16, sm_90+), else the reference loop. Router: one Triton launch.
 * Norms (1+w, residual add + norm, gated, q/k norm + rope) and the gated products around them
   (attention output gate, SwiGLU, shared-expert add): one Triton launch each (`norms`, `gates`).
+Every Triton op is called through its `torch.library` custom op (`library`), so torch.compile
+keeps it as one opaque node.
 """
 
 from __future__ import annotations
@@ -25,13 +27,10 @@ import torch
 from ninfer.kernels import conv_ref, gdn_ref, moe_ref
 from ninfer.kernels.dispatch import Ops
 from ninfer.kernels.moe_grouped import moe_experts_grouped
-from ninfer.kernels.triton import gates, moe, norms
-from ninfer.kernels.triton.conv_step import conv_step as triton_conv_step
-from ninfer.kernels.triton.gdn_decode import gdn_decode_step
+from ninfer.kernels.triton import library as lib
+from ninfer.kernels.triton import moe
 from ninfer.kernels.triton.gdn_decode import recurrent_gated_delta_rule as triton_recurrent
 from ninfer.kernels.triton.kv_int8 import write_kv_int8
-from ninfer.kernels.triton.kv_write import write_kv as triton_write_kv
-from ninfer.kernels.triton.paged_attention import paged_attention as triton_paged_attention
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ def _conv_step(
 ) -> torch.Tensor:
     if x.shape[1] > CONV_STEP_MAX_T:
         return conv_ref.conv_step(x, weight, conv_pool, slot_idx, start_slot)
-    return triton_conv_step(x, weight, conv_pool, slot_idx, start_slot)
+    return lib.conv_step(x, weight, conv_pool, slot_idx, start_slot)
 
 
 def _write_kv(
@@ -106,7 +105,7 @@ def _write_kv(
             raise ValueError("int8 KV pools need k_scale and v_scale [num_pages, page, nkv]")
         write_kv_int8(k_pool, v_pool, k_scale, v_scale, k, v, page_table, cache_lens)
     else:
-        triton_write_kv(k_pool, v_pool, k, v, page_table, cache_lens)
+        lib.write_kv(k_pool, v_pool, k, v, page_table, cache_lens)
 
 
 def _paged_attention(
@@ -120,8 +119,8 @@ def _paged_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return triton_paged_attention(
-        q.contiguous(), k_pool, v_pool, page_table, cache_lens, scale, k_scale=k_scale, v_scale=v_scale
+    return lib.paged_attention(
+        q.contiguous(), k_pool, v_pool, page_table, cache_lens, scale, k_scale, v_scale
     )
 
 
@@ -155,7 +154,7 @@ def moe_experts(
 ) -> torch.Tensor:
     """`moe_ref.moe_experts`'s contract without host syncs where possible (see the module docstring)."""
     if topk_idx.numel() <= moe.SMALL_MAX_ROWS:
-        return moe.moe_experts_small(x, gate_up, down, topk_idx, topk_w)
+        return lib.moe_experts_small(x, gate_up, down, topk_idx, topk_w)
     if grouped_mm_works(x.device, x.dtype):
         return moe_experts_grouped(x, gate_up, down, topk_idx, topk_w)
     return moe_ref.moe_experts(x, gate_up, down, topk_idx, topk_w)
@@ -173,17 +172,17 @@ def triton_ops() -> Ops:
         chunk_gated_delta_rule=chunk or gdn_ref.chunk_gated_delta_rule,
         recurrent_gated_delta_rule=triton_recurrent,
         causal_conv1d_with_state=conv_ref.causal_conv1d_with_state,
-        gdn_step=gdn_decode_step,
+        gdn_step=lib.gdn_step,
         conv_step=_conv_step,
         write_kv=_write_kv,
         paged_attention=_paged_attention,
         moe_experts=moe_experts,
-        rms_norm=norms.rms_norm,
-        add_rms_norm=norms.add_rms_norm,
-        gated_rms_norm=norms.gated_rms_norm,
-        norm_rope=norms.norm_rope,
-        sigmoid_gate=gates.sigmoid_gate,
-        silu_mul=gates.silu_mul,
-        shared_expert_add=gates.shared_expert_add,
-        moe_route=moe.moe_route,
+        rms_norm=lib.rms_norm,
+        add_rms_norm=lib.add_rms_norm,
+        gated_rms_norm=lib.gated_rms_norm,
+        norm_rope=lib.norm_rope,
+        sigmoid_gate=lib.sigmoid_gate,
+        silu_mul=lib.silu_mul,
+        shared_expert_add=lib.shared_expert_add,
+        moe_route=lib.moe_route,
     )
