@@ -80,8 +80,10 @@ class ServiceRuntime:
         self._loader.start()
 
     def health(self) -> tuple[int, dict[str, object]]:
-        if self.error is not None:
-            return 503, {"status": "error", "message": self.error}
+        """503 `error` after a failed load or once the engine thread died (`engine.error`)."""
+        error = self.error or getattr(self.engine, "error", None)
+        if error is not None:
+            return 503, {"status": "error", "message": error}
         if self.ctx.draining:
             return 503, {"status": "draining"}
         if not self.ready:

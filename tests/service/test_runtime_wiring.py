@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
+from falcon import testing
+
+from ninfer.api.pipeline import Pipeline, PipelineConfig
 from ninfer.config.loader import load_settings
+from ninfer.engine.api import EngineError, GenerationRequest, SamplingParams
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.engine import Engine
+from ninfer.service.app import create_app
 from ninfer.service.options import from_settings
 from ninfer.service.runtime import ServiceRuntime
 from ninfer.service.telemetry import Tracing
+from tests.engine.tiny import tiny_model
 
 
 def test_response_store_is_sized_from_settings(tmp_path) -> None:
@@ -17,3 +26,49 @@ def test_response_store_is_sized_from_settings(tmp_path) -> None:
     store = runtime.ctx.response_store
     assert store is not None
     assert (store.max_records, store.max_bytes) == (3, 5 * 1024 * 1024)
+
+
+def test_health_reports_an_engine_thread_failure_and_requests_fail_at_once() -> None:
+    settings = load_settings([])
+    runtime = ServiceRuntime(
+        settings,
+        from_settings(settings),
+        "test",
+        [],
+        tracing=Tracing.from_config("none", None, "ninfer", "test"),
+    )
+    config = EngineConfig(max_concurrency=1, max_pending=1, max_context=256, prefill_chunk=64)
+    engine = Engine(tiny_model(512), config)
+
+    def broken_prepare() -> None:  # a runner failure outside a step kills the engine thread
+        raise RuntimeError("capture failed")
+
+    engine.runner.prepare = broken_prepare
+    runtime.engine, runtime.ready = engine, True
+    runtime.ctx.model_id = "m"
+    runtime.ctx.pipeline = Pipeline(
+        engine,
+        None,  # type: ignore[arg-type]  # never reached: the dead engine refuses the ticket
+        runtime.recorder,
+        PipelineConfig(256, 16),
+        runtime.next_request_id,
+    )
+    client = testing.TestClient(
+        create_app(runtime.ctx, runtime.health, api_key=None, cors=False, max_request_bytes=1 << 20)
+    )
+    ok = client.simulate_get("/health")
+    assert (ok.status_code, ok.json) == (200, {"status": "ok"})
+    handle = engine.submit(engine.reserve(), GenerationRequest("r", (1, 2, 3), SamplingParams(max_tokens=2)))
+    engine.start()
+    with pytest.raises(EngineError, match="capture failed"):
+        handle.result(30)
+    handle.close()
+    health = client.simulate_get("/health")
+    assert health.status_code == 503
+    assert health.json == {"status": "error", "message": "RuntimeError: capture failed"}
+    chat = client.simulate_post(
+        "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert chat.status_code == 500 and "capture failed" in chat.json["error"]["message"]
+    assert engine.tickets.live == 0
+    engine.shutdown(1)
