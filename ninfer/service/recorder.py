@@ -26,6 +26,38 @@ SPECULATIVE_OFF: dict[str, Any] = {
 }
 
 
+COLD_TIER_COUNTS = ("parks", "restores", "evictions", "park_failures", "restore_failures", "entries")
+GIB = 1 << 30
+
+
+def cold_tier_fields(stats: RequestStats) -> dict[str, Any]:
+    """request_done's cold-tier fields: the tier's cumulative counters and arena occupancy when the
+    request ended (zeros and inactive without a tier), and whether this request was restored."""
+    ct: dict[str, Any] = dict(getattr(stats, "cold_tier", None) or {})
+    out: dict[str, Any] = {
+        "cold_tier_active": bool(ct),
+        "cold_tier_restored": bool(ct.get("restored", False)),
+    }
+    for key in COLD_TIER_COUNTS:
+        out[f"cold_tier_{key}"] = int(ct.get(key, 0))
+    out["cold_tier_capacity_bytes"] = int(ct.get("capacity_bytes", 0))
+    out["cold_tier_used_bytes"] = int(ct.get("used_bytes", 0))
+    out["cold_tier_arenas"] = list(ct.get("arenas", []))
+    return out
+
+
+def cold_tier_suffix(fields: dict[str, Any]) -> str:
+    """The request-done console suffix while the tier is active (cumulative counters)."""
+    if not fields["cold_tier_active"]:
+        return ""
+    failures = fields["cold_tier_park_failures"] + fields["cold_tier_restore_failures"]
+    return (
+        f" cold=parks={fields['cold_tier_parks']} restores={fields['cold_tier_restores']} "
+        f"failures={failures} entries={fields['cold_tier_entries']} "
+        f"evictions={fields['cold_tier_evictions']} used={fields['cold_tier_used_bytes'] / GIB:.2f}GiB"
+    )
+
+
 def phase_seconds(prepare_s: float, stats: RequestStats) -> dict[str, float]:
     """request_done.timings_seconds, unrounded. The engine measures from submission; prepare
     (request entry -> submission) is added so ttft and total run from request entry."""
@@ -117,6 +149,7 @@ class Recorder:
         with self._lock:
             self._configs.pop(request_id, None)
         timings = phase_seconds(summary["prepare_s"], stats)
+        cold = cold_tier_fields(stats)
         self.log.emit(
             "request_done",
             request_id=request_id,
@@ -133,9 +166,10 @@ class Recorder:
             seed=stats.seed,
             timings_seconds=timings,
             speculative={**SPECULATIVE_OFF, **stats.speculative},
+            **cold,
         )
         logger().info(
-            "request %d done: %s prompt=%d cache=%d completion=%d ttft=%.3fs total=%.3fs",
+            "request %d done: %s prompt=%d cache=%d completion=%d ttft=%.3fs total=%.3fs%s",
             request_id,
             summary["finish_reason"],
             summary["prompt_tokens"],
@@ -143,6 +177,7 @@ class Recorder:
             summary["completion_tokens"],
             timings["ttft"],
             timings["total"],
+            cold_tier_suffix(cold),
         )
         self.tracing.request_finished(request_id, summary, stats, None)
 

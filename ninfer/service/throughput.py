@@ -82,6 +82,9 @@ class ThroughputReporter:
                 "avg_decode_batch": deltas.get("decode_row_rounds", 0) / rounds if rounds else 0.0,
                 "scheduler": snap,
             }
+            tier = getattr(self.engine, "cold_tier", None)
+            if tier is not None:  # the cross-GPU cold tier is active: counters and arena occupancy
+                event["cold_tier"] = tier.stats()
             self.log.emit("throughput", **event)
         logger().info(
             "throughput: prefill %.1f tok/s, decode %.1f tok/s, batch %.2f, running %s, waiting %s, "
