@@ -238,3 +238,32 @@ def test_oversize_park_and_failed_restore_fall_back(model) -> None:
     finally:
         for eng in (small, flaky, off):
             eng.shutdown(5)
+
+
+def test_pool_pressure_parks_other_residents(model) -> None:
+    """Two lanes, four pages: a request needing the whole pool takes one resident's lane and evicts
+    the other; both are parked, and both come back restored on their next turns."""
+    kw: dict[str, Any] = {"max_concurrency": 2, "kv_capacity": 256}
+    tier = engine(model, CpuArenaStore([2 * MIB], staging_bytes=2048), **kw)
+    off = engine(model, no_prefix_reuse=True, **kw)
+    try:
+
+        def both(prompt: list[int], max_tokens: int = 6) -> tuple[list[int], RequestStats]:
+            out, st = run(tier, prompt, max_tokens=max_tokens)
+            assert out == run(off, prompt, max_tokens=max_tokens)[0]
+            return out, st
+
+        a, b = tokens(100, 1), tokens(100, 2)
+        ga, _ = both(a)
+        gb, _ = both(b)  # two residents of two pages each: no page free
+        _, st = both(tokens(200, 3), max_tokens=50)  # needs all four pages
+        assert st.reuse_path == "full_reset" and st.cold_tier["parks"] == 2
+        assert tier.cache.allocator.free_count == 0
+        for p, g in ((a, ga), (b, gb)):
+            _, st = both([*p, *g, *tokens(10, 4)])
+            assert st.cold_tier["restored"] and (st.reuse_path, st.cached_tokens) == ("append_frontier", 105)
+        c = tier.cold_tier.counters
+        assert (c.parks, c.restores, c.park_failures, c.restore_failures) == (3, 2, 0, 0)
+    finally:
+        tier.shutdown(5)
+        off.shutdown(5)
