@@ -13,6 +13,7 @@ caller falls back to dropping (park) or to normal admission (restore).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from ninfer.engine.cold_tier_store import (
     MIB,
     ColdTierStore,
     CudaArenaStore,
+    PieceSpec,
     RestoreError,
     cuda_arenas,
 )
@@ -97,17 +99,17 @@ class ColdTier:
             names, slots = self._slot_ids(lane)
             pages = torch.tensor(lane.pages, dtype=torch.int64, device=self.device)
             sidx = torch.tensor(slots, dtype=torch.int64, device=self.device)
-            pieces: list[torch.Tensor] = []
-            with torch.inference_mode():
-                for pool in self.pools.kv:
-                    pieces += [t.index_select(0, pages) for t in _kv_tensors(pool)]
-                pieces += [t.index_select(0, sidx) for t in _state_tensors(self.pools.states)]
+            gathers = [(t, pages) for pool in self.pools.kv for t in _kv_tensors(pool)]
+            gathers += [(t, sidx) for t in _state_tensors(self.pools.states)]
+            specs = [PieceSpec((len(idx), *t.shape[1:]), t.dtype) for t, idx in gathers]
+            rows: list[torch.Tensor] = []  # the drafter's pending rows (small, kept as they are)
             pending = []
             if self.pools.drafter is not None:
                 for s in slots:
                     p: Pending = self.pools.drafter.pending[s]
                     pending.append((p.start, p.tokens, p.hidden is not None, p.rope is not None))
-                    pieces += [t for t in (p.hidden, p.rope) if t is not None]
+                    rows += [t for t in (p.hidden, p.rope) if t is not None]
+            specs += [PieceSpec(tuple(t.shape), t.dtype) for t in rows]
             probe = Lane(
                 index=-1,
                 live_slot=-1,
@@ -118,7 +120,9 @@ class ColdTier:
                 media=tuple(lane.media),
             )
             meta = ImageMeta(probe, len(lane.pages), names, tuple(pending))
-            self.store.put(pieces, meta)
+            with torch.inference_mode():  # one gathered piece on the device at a time
+                pieces = itertools.chain((t.index_select(0, idx) for t, idx in gathers), rows)
+                self.store.put(specs, pieces, meta)
         except Exception as exc:  # best effort: an image that cannot be stored is dropped
             self.counters.park_failures += 1
             log.warning("cold tier: park of a %d-token lane failed: %s", lane.computed, exc)

@@ -16,7 +16,7 @@ import itertools
 import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,9 +176,10 @@ class ColdTierStore(ABC):
 
         return min(fits, key=oldest)
 
-    def put(self, pieces: Sequence[torch.Tensor], meta: Any) -> int:
-        """Store `pieces` (any devices) under a new key, evicting LRU entries for room."""
-        specs = tuple(PieceSpec(tuple(p.shape), p.dtype) for p in pieces)
+    def put(self, specs: Sequence[PieceSpec], pieces: Iterable[torch.Tensor], meta: Any) -> int:
+        """Store the pieces `specs` announce (produced one at a time, on any device: the caller's
+        temporaries stay one piece large) under a new key, evicting LRU entries for room."""
+        specs = tuple(specs)
         nbytes = sum(s.nbytes for s in specs)
         arena = self._pick_arena(nbytes)
         while arena.capacity - arena.used < nbytes:
@@ -192,11 +193,16 @@ class ColdTierStore(ABC):
                 if not self._evict_one(arena):
                     raise ParkError(f"cannot allocate {nbytes} bytes on {arena.device}: {exc}") from exc
         try:
-            off = 0
-            for p in pieces:
-                src = _flat_bytes(p)
-                self._through_staging(data[off : off + src.numel()], src)
-                off += src.numel()
+            off, it = 0, iter(pieces)
+            for spec in specs:
+                p = next(it)
+                if PieceSpec(tuple(p.shape), p.dtype) != spec:
+                    raise ParkError(f"piece {tuple(p.shape)} {p.dtype} does not match {spec}")
+                if spec.nbytes:
+                    self._through_staging(data[off : off + spec.nbytes], _flat_bytes(p))
+                off += spec.nbytes
+            if next(it, None) is not None:
+                raise ParkError("more pieces than announced")
         except Exception as exc:
             raise ParkError(f"transfer to {arena.device} failed: {type(exc).__name__}: {exc}") from exc
         key = next(self._keys)
@@ -206,30 +212,28 @@ class ColdTierStore(ABC):
         self._touched[key] = next(self._clock)
         return key
 
-    def take(self, key: int, device: torch.device) -> tuple[Any, list[torch.Tensor]]:
-        """Read an entry back as new tensors on `device` and remove it (also on failure)."""
+    def take(self, key: int, device: torch.device) -> tuple[Any, Iterator[torch.Tensor]]:
+        """Remove an entry and return its metadata and its pieces, read back one at a time as new
+        tensors on `device` (a failed transfer raises `RestoreError` from the iterator)."""
         if key not in self._where:
             raise RestoreError(f"no cold-tier entry {key}")
         entry = self._where[key].entries[key]
-        try:
-            out: list[torch.Tensor] = []
-            off = 0
-            for spec in entry.specs:
+        self._drop(key)
+        return entry.meta, self._read(entry, device)
+
+    def _read(self, entry: Entry, device: torch.device) -> Iterator[torch.Tensor]:
+        off = 0
+        for spec in entry.specs:
+            try:
                 t = torch.empty(spec.shape, dtype=spec.dtype, device=device)
-                dst = _flat_bytes(t) if t.numel() else t.view(-1)
-                n = spec.nbytes
-                if n:
-                    # a fresh tensor is contiguous: the flat view shares its storage
-                    self._through_staging(dst, entry.data[off : off + n])
-                off += n
-                out.append(t)
-            return entry.meta, out
-        except Exception as exc:
-            raise RestoreError(
-                f"transfer from {entry.arena.device} failed: {type(exc).__name__}: {exc}"
-            ) from exc
-        finally:
-            self._drop(key)
+                if spec.nbytes:  # a fresh tensor is contiguous: the flat view shares its storage
+                    self._through_staging(_flat_bytes(t), entry.data[off : off + spec.nbytes])
+            except Exception as exc:
+                raise RestoreError(
+                    f"transfer from {entry.arena.device} failed: {type(exc).__name__}: {exc}"
+                ) from exc
+            off += spec.nbytes
+            yield t
 
 
 class CpuArenaStore(ColdTierStore):

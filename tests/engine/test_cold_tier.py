@@ -191,22 +191,25 @@ def test_capacity_evicts_least_recently_parked(model) -> None:
 
 
 class FailingReads(CpuArenaStore):
-    """Host arenas whose next `fail` reads break mid-transfer."""
+    """Host arenas whose next read breaks mid-transfer, after a few chunks reached the pools."""
 
-    fail = 0
+    fail = False
     _reading = False
+    _copies = 0
 
-    def take(self, key: int, device: torch.device):
+    def _read(self, entry, device: torch.device):
         self._reading = True
         try:
-            return super().take(key, device)
+            yield from super()._read(entry, device)
         finally:
             self._reading = False
 
     def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         if self._reading and self.fail:
-            self.fail -= 1
-            raise RuntimeError("injected transfer failure")
+            self._copies += 1
+            if self._copies > 6:
+                self.fail = False
+                raise RuntimeError("injected transfer failure")
         super()._copy(dst, src)
 
 
@@ -220,7 +223,7 @@ def test_oversize_park_and_failed_restore_fall_back(model) -> None:
         got: dict[str, list[RequestStats]] = {"small": [], "flaky": []}
         for rnd in range(2):
             for c in range(2):
-                flaky_store.fail = 1 if (rnd, c) == (1, 0) else 0
+                flaky_store.fail = (rnd, c) == (1, 0)
                 want = run(off, chats.prompt(c))[0]
                 for name, eng in (("small", small), ("flaky", flaky)):
                     out, st = run(eng, chats.prompt(c))
