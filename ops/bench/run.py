@@ -12,9 +12,12 @@ path on the same GPU, then measures through the engine (not just the model): TTF
 MFU, peak memory; and in the same run the HF transformers `generate` baseline on the same
 weights, the device-to-device copy bandwidth, the bf16 matmul peak, and the decode roofline.
 Decode runs replay the engine's CUDA graphs; the same run measures batch 1 eagerly, profiles one
-eager decode step per batch size 1 and 8 (kernel time by category against wall time), and with
---compile the torch.compile'd decode step. Sections past --budget-s are skipped (recorded as
-such). Writes `DATE-COMMIT.json` under --out after every section and prints a short table last.
+eager decode step per batch size 1 and 8 (kernel time by category against wall time, kernels per
+step), and with --compile the torch.compile'd decode step. The fast-path check is judged against
+the reference path's own bf16 noise (`fast_path.py`). Each model runs in its own process (all its
+GPU memory is returned before the next); the budget is shared out over the models, time one leaves
+goes to the next, sections past a model's share are skipped (recorded as such). Writes
+`DATE-COMMIT.json` (all models) under --out after every model and prints a short table last.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from ninfer.kernels.dispatch import backends, get_ops  # noqa: E402
 from ninfer.model.config import TextConfig  # noqa: E402
 from ninfer.model.qwen35 import Qwen35Model  # noqa: E402
 from ninfer.service.compile_cache import setup_compile_cache  # noqa: E402
+from ops.bench.fast_path import check_fast_path  # noqa: E402
 
 GiB = 1024**3
 
@@ -267,9 +271,25 @@ def _category(kernel: str) -> str:
     k = kernel.lower()
     for cat, keys in (
         ("gemm", ("gemm", "nvjet", "cutlass", "sm90_xmma", "matmul", "splitk")),
-        ("attention", ("paged", "attention", "attn", "flash")),
+        ("norm", ("_rms_kernel", "_gated_kernel", "_norm_rope_kernel", "norm")),
+        ("attention", ("paged", "attention", "attn", "flash", "write_kv")),
         ("gdn", ("gdn", "delta", "conv", "fused_recurrent")),
-        ("moe", ("grouped", "moe", "expert", "sort", "histogram", "scatter", "gather", "index")),
+        (
+            "moe",
+            (
+                "grouped",
+                "moe",
+                "expert",
+                "sort",
+                "histogram",
+                "scatter",
+                "gather",
+                "index",
+                "_route_kernel",
+                "_gate_up_kernel",
+                "_down_kernel",
+            ),
+        ),
         ("copy", ("copy", "memcpy", "memset", "fill")),
     ):
         if any(x in k for x in keys):
@@ -301,6 +321,7 @@ def profile_decode_step(engine: Engine, bs: int, context: int) -> dict[str, Any]
             torch.cuda.synchronize()
     cats: dict[str, float] = {}
     top: list[tuple[float, str, int]] = []
+    launches = 0
     for ev in prof.key_averages():
         if getattr(ev, "device_type", DeviceType.CUDA) != DeviceType.CUDA:
             continue
@@ -309,6 +330,7 @@ def profile_decode_step(engine: Engine, bs: int, context: int) -> dict[str, Any]
             continue
         cat = _category(ev.key)
         cats[cat] = cats.get(cat, 0.0) + us / 1e3
+        launches += ev.count
         top.append((us / 1e3, ev.key[:90], ev.count))
     top.sort(reverse=True)
     return {
@@ -316,6 +338,7 @@ def profile_decode_step(engine: Engine, bs: int, context: int) -> dict[str, Any]
         "context": context,
         "eager_step_ms": wall * 1e3,
         "kernel_ms": sum(cats.values()),
+        "kernels_per_step": launches,
         "kernel_ms_by_category": {k: round(v, 3) for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
         "top_kernels": [{"ms": round(ms, 3), "name": n, "count": c} for ms, n, c in top[:15]],
     }
@@ -368,29 +391,6 @@ def hf_decode_tok_s(model: Qwen35Model, name: str, prompt_len: int, new_tokens: 
     return (new_tokens - 1) / ((t2 - t1) - (t1 - t0))
 
 
-def check_fast_path(model: Qwen35Model, backend: str) -> dict[str, Any]:
-    """Logits of the fast path vs the torch reference path on the same GPU weights (bf16)."""
-    if backend == "reference":
-        return {"backend": "reference", "checked": False, "note": "no fast backend selected"}
-    from ninfer.model.cache import KVPool, StatePool, make_batch
-
-    cfg = model.config
-    ids = list(random_prompt(300, 3, cfg.vocab_size))
-    out = {}
-    for b in ("reference", backend):
-        model.set_ops(get_ops("cuda", b))
-        kv = KVPool.for_config(cfg, 8, torch.bfloat16, "cuda")
-        st = StatePool.for_config(cfg, 2, torch.bfloat16, "cuda")
-        with torch.inference_mode():
-            batch = make_batch([ids], [0], [0], [list(range(5))], 8, "cuda")
-            h = model(batch, kv, st)
-            out[b] = model.logits(h[0, -1])
-    model.set_ops(get_ops("cuda", backend))
-    ref, fast = out["reference"], out[backend]
-    rel = ((fast - ref).norm() / ref.norm()).item()
-    return {"backend": backend, "checked": True, "rel_err_last_logits": rel, "ok": rel < 2e-2}
-
-
 class Budget:
     """Skips sections once the run has used `seconds` (the device call has a hard limit)."""
 
@@ -416,14 +416,18 @@ def bench_model(
     peak_TFLOPs: float,
     budget: Budget,
     save: Any,
+    res: dict[str, Any],
 ) -> dict[str, Any]:
+    """Every section for one model, filling `res` as it goes (`save()` writes it out)."""
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     model = build_model(name, args.backend)
-    res: dict[str, Any] = {"backend": args.backend, "skipped": []}
+    res.update({"backend": args.backend, "skipped": []})
     res["build_s"] = time.perf_counter() - t0
     log(f"{name}: built in {res['build_s']:.1f}s, {torch.cuda.memory_allocated() / GiB:.1f} GiB")
-    res["fast_path"] = check_fast_path(model, args.backend)
+    res["fast_path"] = check_fast_path(
+        model, args.backend, list(random_prompt(300, 3, model.config.vocab_size))
+    )
     log(f"{name}: fast path {res['fast_path']}")
     cfg = model.config
     ctx = 4096
@@ -544,6 +548,47 @@ def bench_model(
     return res
 
 
+def run_one_model(args: argparse.Namespace) -> None:
+    """Child mode (--one-model): bench one model in this process, its results as JSON in --child-out
+    after every section (a crash or timeout keeps what was measured)."""
+    budget = Budget(args.budget_s)
+    setup_compile_cache()
+    path = Path(args.child_out)
+    res: dict[str, Any] = {}
+
+    def save() -> None:
+        path.write_text(json.dumps(res, indent=2, default=str) + "\n")
+
+    try:
+        res.update(bench_model(args.one_model, args, args.bw_tbps, args.peak_tflops, budget, save, res))
+    except Exception as exc:  # keep what was measured, say what failed
+        res["error"] = f"{type(exc).__name__}: {exc}"[:1000]
+        log(f"{args.one_model}: FAILED {res['error']}")
+    save()
+
+
+def run_child(name: str, args: argparse.Namespace, bw: float, peak: float, seconds: float) -> dict[str, Any]:
+    """Bench `name` in a fresh process (all its GPU memory is returned when it exits); its stdout
+    and stderr go to ours. Returns its results, or what it wrote before failing plus the error."""
+    child_out = Path(args.out) / f".child-{name}.json"
+    child_out.unlink(missing_ok=True)
+    argv = [sys.executable, str(Path(__file__).resolve()), "--one-model", name, "--child-out", str(child_out),
+            "--bw-tbps", str(bw), "--peak-tflops", str(peak), "--budget-s", str(seconds),
+            "--backend", args.backend, "--prefill-chunk", str(args.prefill_chunk),
+            "--decode-tokens", str(args.decode_tokens), "--hf-tokens", str(args.hf_tokens),
+            "--compile", args.compile, "--skip", args.skip, "--out", args.out]  # fmt: skip
+    argv += ["--no-hf"] * args.no_hf + ["--quick"] * args.quick
+    try:
+        rc = subprocess.run(argv, cwd=ROOT, timeout=seconds + 120).returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    res: dict[str, Any] = json.loads(child_out.read_text()) if child_out.exists() else {}
+    child_out.unlink(missing_ok=True)
+    if rc != 0 and "error" not in res:
+        res["error"] = f"bench process for {name} ended with {rc}"
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "ops/bench/results"))
@@ -560,9 +605,17 @@ def main() -> None:
     )
     ap.add_argument("--skip", default="", help="sections to leave out: eager,ttft,prefill,hf (comma list)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="skip later sections past this")
+    # child mode: one model in this process (the parent runs each model in its own process)
+    ap.add_argument("--one-model", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--bw-tbps", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--peak-tflops", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("ops/bench/run.py needs a CUDA device")
+    if args.one_model:
+        run_one_model(args)
+        return
     budget = Budget(args.budget_s)
     cache = setup_compile_cache()
     import triton
@@ -590,17 +643,17 @@ def main() -> None:
     result["copy_bandwidth_TBps"] = copy_bandwidth_TBps()
     result["matmul_bf16_TFLOPs"] = matmul_peak_TFLOPs()
     log(f"copy {result['copy_bandwidth_TBps']:.2f} TB/s, matmul {result['matmul_bf16_TFLOPs']:.0f} TFLOP/s")
+    gc.collect()
+    torch.cuda.empty_cache()  # the children need the memory
     result["models"] = {}
-    for name in args.models.split(","):
-        try:
-            result["models"][name] = bench_model(
-                name, args, result["copy_bandwidth_TBps"], result["matmul_bf16_TFLOPs"], budget, save
-            )
-        except Exception as exc:  # keep what the other models measured
-            result["models"][name] = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
-            log(f"{name}: FAILED {result['models'][name]['error']}")
-        gc.collect()  # engines, graphs and the model form cycles: free them before the next model
-        torch.cuda.empty_cache()
+    names = args.models.split(",")
+    for i, name in enumerate(names):
+        share = max(budget.left(), 0.0) / (len(names) - i)  # time a model leaves goes to the next
+        result["models"][name] = run_child(
+            name, args, result["copy_bandwidth_TBps"], result["matmul_bf16_TFLOPs"], share
+        )
+        if "error" in result["models"][name]:
+            log(f"{name}: {result['models'][name]['error']}")
         save()
     result["compile_cache"] = cache.report()
     result["wall_s"] = time.perf_counter() - budget.t0
@@ -608,19 +661,25 @@ def main() -> None:
     print(f"\nwrote {path}")
     print(
         f"{'model':18} {'bs1':>7} {'bs2':>7} {'bs4':>7} {'bs8':>7} {'roof1':>7} {'eager1':>7} {'hf1':>6} "
-        f"{'ttft4k':>7} {'pf8k':>7} {'mfu':>6}"
+        f"{'ttft4k':>7} {'pf8k':>7} {'mfu':>6} {'kern1':>6} {'fp_err':>7} {'noise':>7} {'fp':>4}"
     )
     nan = float("nan")
     for name, r in result["models"].items():
         if "error" in r:
             print(f"{name:18} ERROR {r['error'][:200]}")
+        if "decode_tok_s" not in r:
             continue
         d = r.get("decode_tok_s", {})
+        prof = next((p for p in r.get("profile", []) if p.get("bs") == 1), {})
+        fp = r.get("fast_path", {})
+        noise = max(fp.get("reference_noise", {}).values(), default=nan)
         print(
             f"{name:18} {d.get('1', nan):7.1f} {d.get('2', nan):7.1f} {d.get('4', nan):7.1f} {d.get('8', nan):7.1f} "
             f"{r['roofline_decode_tok_s_bs1']:7.1f} {r.get('eager_decode_tok_s_bs1', nan):7.1f} "
             f"{r.get('hf_decode_tok_s_bs1') or nan:6.2f} {r.get('ttft_ms', {}).get('4096', nan):7.1f} "
-            f"{r.get('prefill_tok_s_8k', nan):7.0f} {r.get('prefill_mfu_8k', nan):6.3f}"
+            f"{r.get('prefill_tok_s_8k', nan):7.0f} {r.get('prefill_mfu_8k', nan):6.3f} "
+            f"{prof.get('kernels_per_step', -1):6d} {fp.get('rel_err_last_logits', nan):7.4f} {noise:7.4f} "
+            f"{'ok' if fp.get('ok') else 'FAIL':>4}"
         )
 
 
