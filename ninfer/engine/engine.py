@@ -129,6 +129,7 @@ class Engine:
         self._snapshot = self.scheduler.snapshot()
         self._thread: threading.Thread | None = None
         self.error: str | None = None  # set when the engine thread died; every request then fails
+        self.prepared = threading.Event()  # set once the engine thread finished warm-up / graph capture
 
     @classmethod
     def from_settings(cls, settings: Any, artifact: Any) -> Engine:
@@ -149,6 +150,16 @@ class Engine:
             self._thread = threading.Thread(target=self._loop, name="ninfer-engine", daemon=True)
             self._thread.start()
         return self
+
+    def wait_prepared(self, timeout: float | None = None) -> bool:
+        """Block until warm-up and CUDA graph capture are done (or the engine failed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.prepared.wait(0.05):
+            if self.error is not None:
+                return False
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+        return True
 
     def reserve(self) -> Ticket:
         """A lifetime ticket; raises `EngineOverloaded` when max_concurrency + max_pending are live."""
@@ -266,6 +277,7 @@ class Engine:
     def _serve(self) -> None:
         sched = self.scheduler
         self.runner.prepare()  # CUDA graph capture, on this thread, before any sequence exists
+        self.prepared.set()
         while True:
             with self._cv:
                 new, self._inbox = self._inbox, []

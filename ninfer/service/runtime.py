@@ -105,6 +105,9 @@ class ServiceRuntime:
         from ninfer.text.tokenizer import Tokenizer
 
         t0 = time.monotonic()
+        from ninfer.service.compile_cache import setup_compile_cache
+
+        cache = setup_compile_cache()  # before torch compiles or loads any kernel
         path = self.options.artifact or str(ensure_demo_artifact())
         artifact = open_artifact(path)
         logger().info("artifact %s (%s) opened in %.3fs", path, artifact.model_id, time.monotonic() - t0)
@@ -125,6 +128,10 @@ class ServiceRuntime:
         prompts = FrontendPrompts(artifact.chat_template, tokenizer, defaults, media)
         self.engine = self.engine_factory(self.settings, artifact)  # loads the weights
         self.engine.start()
+        if hasattr(self.engine, "wait_prepared"):  # readiness includes CUDA graph capture
+            self.engine.wait_prepared()
+        graphs = getattr(getattr(self.engine, "runner", None), "graph_stats", None)
+        self.compile_report = cache.report(compile_s=graphs.capture_s if graphs is not None else None)
         config = PipelineConfig(self.options.max_context, self.options.default_max_tokens)
         pipeline = Pipeline(self.engine, prompts, self.recorder, config, self.next_request_id)
         self.ctx.model_id = self.options.model_id or artifact.model_id
@@ -156,7 +163,16 @@ class ServiceRuntime:
                 "dtype": cfg.dtype,
                 "prefill_chunk": cfg.prefill_chunk,
                 "prefix_reuse": not cfg.no_prefix_reuse,
+                "kv_dtype": getattr(cfg, "kv_dtype", None) or cfg.dtype,
                 "kv_sizing": ledger.as_dict() if ledger is not None else None,
+                "speculative": {
+                    "method": getattr(cfg, "spec_method", None),
+                    "draft_tokens": getattr(cfg, "draft_tokens", None),
+                    "lm_head_draft": getattr(cfg, "lm_head_draft", False),
+                },
+                "cuda_graphs": _graph_stats(eng),
+                "cold_tier": _cold_tier_stats(eng),
+                "compile_cache": getattr(self, "compile_report", None),
                 "sampler_presets": {
                     "thinking": _plain(cfg.thinking_preset),
                     "non_thinking": _plain(cfg.non_thinking_preset),
@@ -215,6 +231,17 @@ class ServiceRuntime:
                 self.reporter.stop()
             self.tracing.shutdown()
             self.log.close()
+
+
+def _graph_stats(engine: Any) -> dict[str, Any] | None:
+    """Captured batch sizes, capture seconds and graph pool bytes (None on the CPU / when off)."""
+    stats = getattr(getattr(engine, "runner", None), "graph_stats", None)
+    return None if stats is None else stats.as_dict()
+
+
+def _cold_tier_stats(engine: Any) -> dict[str, Any] | None:
+    tier = getattr(engine, "cold_tier", None)
+    return None if tier is None else tier.stats()
 
 
 def _plain(mapping: Any) -> dict[str, Any] | None:
