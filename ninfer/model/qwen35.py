@@ -37,6 +37,9 @@ class Qwen35Model(nn.Module):
         ]
         self.rotary: MRotaryEmbedding | None = None  # built on the target device by `init_buffers`
         self.mtp: MTPHead | None = None
+        # decoder layers whose outputs `forward` keeps in `captured` (a DFlash drafter's features)
+        self.capture_layers: tuple[int, ...] = ()
+        self.captured: dict[int, torch.Tensor] = {}
 
     def init_buffers(self, device: torch.device | str) -> None:
         """(Re)build non-weight buffers (rope tables) on `device`; needed after meta-device construction."""
@@ -60,11 +63,16 @@ class Qwen35Model(nn.Module):
         x = self.embed_tokens(batch.input_ids) if batch.embeds is None else batch.embeds  # [B, q, H]
         cos, sin = self.rotary(batch.positions, x.dtype)  # [B, q, rot]
         slots = GDNSlots(batch.slots, batch.gdn_write_slots(), batch.write_slots is not None)
-        for layer, j in zip(self.layers, self.pool_index, strict=True):
+        captured: dict[int, torch.Tensor] = {}
+        for i, (layer, j) in enumerate(zip(self.layers, self.pool_index, strict=True)):
             if layer.kind == FULL:
                 x = layer.forward_attention(x, cos, sin, kv.layer(j), batch)
             else:
                 x = layer.forward_linear(x, states.conv[j], states.ssm[j], slots)
+            if i in self.capture_layers:
+                captured[i] = x  # [B, q, H] the layer's output (before the final norm)
+        if self.capture_layers:
+            self.captured = captured
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
