@@ -17,7 +17,7 @@ from ninfer.api.errors import ApiError
 from ninfer.engine.multimodal import MultimodalPrompt
 from ninfer.frontend.conversation import ImagePart, VideoPart
 from ninfer.media.cache import PreparationTimeout
-from ninfer.media.config import IMAGE, VIDEO
+from ninfer.media.config import IMAGE, VIDEO, PreparedMedia
 from ninfer.media.errors import MediaError
 from ninfer.media.mrope_index import MMTokenIds, build_mm_positions, expand_placeholders
 from ninfer.media.prepare import MediaItem, MediaPreparer, PreparedRequest, RequestLimits
@@ -55,6 +55,19 @@ def _log(prep: PreparedRequest) -> dict[str, Any]:
         "built_bytes": c.built_bytes,
         "reused_bytes": c.reused_bytes,
     }
+
+
+def _item_log(media: PreparedMedia, merge: int) -> dict[str, Any]:
+    """One prepared item for the request log: modality, patch grid, vision tokens and, for a video,
+    the timestamp of each frame (temporal patch) the prompt labels ``<t seconds>``."""
+    out: dict[str, Any] = {
+        "modality": media.modality,
+        "grid_thw": list(media.grid_thw),
+        "vision_tokens": media.merged_tokens(merge),
+    }
+    if media.modality == VIDEO:
+        out["frame_timestamps_seconds"] = list(media.timestamps)
+    return out
 
 
 class MediaPrompts:
@@ -106,9 +119,12 @@ class MediaPrompts:
         positions, delta = build_mm_positions(exp.token_ids, images, videos, self.ids, self.merge)
         shift = self._shifts(token_ids, media)
         mm = MultimodalPrompt(media, exp.spans, positions, delta, prep.release)
-        return ExpandedMedia(
-            tuple(exp.token_ids), mm, shift(turn), shift(response), {**_log(prep), "items": len(media)}
-        )
+        log = {
+            **_log(prep),
+            "items": len(media),
+            "prepared_items": [_item_log(m, self.merge) for m in media],
+        }
+        return ExpandedMedia(tuple(exp.token_ids), mm, shift(turn), shift(response), log)
 
     def _shifts(self, token_ids: Sequence[int], media: Sequence[Any]) -> Callable[[int | None], int | None]:
         """Map a boundary in the unexpanded prompt to the expanded one."""
