@@ -152,6 +152,11 @@ class MediaCache:
     def retained_bytes(self) -> int:
         return self._retained
 
+    def byte_counts(self) -> tuple[int, int]:
+        """(live, retained) bytes read together, so live >= retained holds in every reading."""
+        with self._cond:
+            return self._live, self._retained
+
     def __contains__(self, key: MediaKey) -> bool:
         with self._cond:
             return key in self._lru

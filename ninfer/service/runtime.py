@@ -137,7 +137,10 @@ class ServiceRuntime:
         self.ctx.model_id = self.options.model_id or artifact.model_id
         self._server_start(path, artifact)
         self.ctx.pipeline = pipeline
-        self.reporter = ThroughputReporter(self.engine, self.log, self.options.log_stats_interval_ms)
+        media_bytes = media.preparer.cache if media is not None else None  # live / retained media bytes
+        self.reporter = ThroughputReporter(
+            self.engine, self.log, self.options.log_stats_interval_ms, media_bytes
+        )
         self.reporter.start()
         self.ready = True
         logger().info("ready: serving %s in %.3fs", self.ctx.model_id, time.monotonic() - t0)

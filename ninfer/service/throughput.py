@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, is_dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ninfer.service.console import logger
 from ninfer.service.request_log import RequestLog
@@ -14,6 +14,12 @@ from ninfer.service.request_log import RequestLog
 COUNTS = ("prefill_tokens", "decode_tokens", "decode_rounds", "decode_row_rounds")
 SECONDS = ("prefill_seconds", "decode_seconds")
 BUSY = ("running", "prefilling", "decode_ready", "waiting")
+
+
+class MediaBytes(Protocol):
+    """The prepared-media accounting the report reads (`ninfer.media.cache.MediaCache`)."""
+
+    def byte_counts(self) -> tuple[int, int]: ...  # (live, retained): referenced by anything, LRU-held
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -35,11 +41,17 @@ class ThroughputReporter:
     """Every `interval_ms`, one console line and one `throughput` event.
 
     Fully idle zero intervals are omitted; the first interval that ends idle after activity is
-    still reported, so the log always holds the state the engine settled in.
+    still reported, so the log always holds the state the engine settled in. With --vision the
+    event carries the media cache's live and retained bytes, and payloads held beyond the
+    retained ones (by requests or the engine) count as activity, so the report goes on until
+    the live bytes are back at the retained level.
     """
 
-    def __init__(self, engine: Any, log: RequestLog, interval_ms: int) -> None:
+    def __init__(
+        self, engine: Any, log: RequestLog, interval_ms: int, media: MediaBytes | None = None
+    ) -> None:
         self.engine = engine
+        self.media = media
         self.log = log
         self.interval_s = interval_ms / 1000.0
         self._stop = threading.Event()
@@ -69,6 +81,11 @@ class ThroughputReporter:
             snap = scheduler_state(self.engine)
             dt, self._last_t = now - self._last_t, now
             busy = any(int(snap.get(k, 0)) for k in BUSY) or bool(snap.get("live_tickets"))
+            media: dict[str, int] = {}
+            if self.media is not None:
+                live, retained = self.media.byte_counts()
+                media = {"media_live_bytes": live, "media_cached_bytes": retained}
+                busy = busy or live > retained  # payloads still held by requests or the engine
             was_busy, self._was_busy = self._was_busy, busy
             if not busy and not was_busy and not any(deltas.get(k) for k in COUNTS):
                 return None
@@ -81,6 +98,7 @@ class ThroughputReporter:
                 "decode_tokens_per_second": deltas.get("decode_tokens", 0) / dt if dt > 0 else 0.0,
                 "avg_decode_batch": deltas.get("decode_row_rounds", 0) / rounds if rounds else 0.0,
                 "scheduler": snap,
+                **media,
             }
             tier = getattr(self.engine, "cold_tier", None)
             if tier is not None:  # the cross-GPU cold tier is active: counters and arena occupancy
