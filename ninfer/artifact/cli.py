@@ -1,4 +1,4 @@
-"""`python -m ninfer.artifact {convert,inspect,verify,demo,lm-head-draft}`: every failure is one line on stderr."""
+"""`python -m ninfer.artifact {convert,inspect,verify,demo,lm-head-draft,add-dflash}`: every failure is one line on stderr."""
 
 from __future__ import annotations
 
@@ -87,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--corpus", type=Path, help="UTF-8 text, tokenized with the artifact's tokenizer")
     src.add_argument("--frequencies", type=Path, help="token counts: JSON {id: count} or 'ID COUNT' lines")
     h.add_argument("--size", type=int, default=32768, help="number of token ids kept")
+    f = sub.add_parser("add-dflash", help="add a DFlash drafter (HF directory) as the dflash component")
+    f.add_argument("path", type=Path)
+    f.add_argument("drafter_dir", type=Path)
     i = sub.add_parser("inspect", help="print identity, components and config")
     i.add_argument("path", type=Path)
     v = sub.add_parser("verify", help="recompute digests and check shapes")
@@ -110,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             from ninfer.artifact.lm_head_draft import add_lm_head_draft
 
             out = add_lm_head_draft(args.path, args.size, corpus=args.corpus, frequencies=args.frequencies)
+        elif args.cmd == "add-dflash":
+            from ninfer.artifact.dflash import add_dflash
+
+            out = add_dflash(args.path, args.drafter_dir)
         elif args.cmd == "convert":
             from ninfer.artifact.convert import convert
 

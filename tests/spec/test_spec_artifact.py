@@ -46,7 +46,7 @@ def test_without_spec_no_mtp_weights_are_loaded(artifact) -> None:
     model, head = _load(artifact, _spec(None))
     assert model.mtp is None and head is None
     assert spec_fields(_spec(None)) == {}
-    with pytest.raises(EngineConfigError, match="dflash is not available in this build"):
+    with pytest.raises(EngineConfigError, match="carries no DFlash drafter"):
         _load(artifact, _spec("dflash", 15))
 
 

@@ -171,7 +171,7 @@ def test_residency_frozen_and_startup_rejections(model, head) -> None:
     finally:
         eng.shutdown(5)
     bad = [
-        ({"spec_method": "dflash"}, "not available in this build"),
+        ({"spec_method": "dflash"}, "dflash needs a qwen3_5_moe"),
         ({"spec_method": "mtp", "draft_tokens": 6}, "1..5"),
         ({"spec_method": "mtp", "lm_head_draft": True}, "no 'lm_head_draft'"),
         ({"lm_head_draft": True}, "requires a speculative method"),

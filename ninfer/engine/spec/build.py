@@ -8,12 +8,15 @@ from ninfer.engine.api import EngineConfigError
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.slots import SlotLayout
 from ninfer.engine.spec.decoder import Drafter, SpecDecoder
+from ninfer.engine.spec.dflash import DFlashEngineDrafter
 from ninfer.engine.spec.draft_head import DraftHead
 from ninfer.engine.spec.mtp import MTPDrafter
 from ninfer.engine.spec.oracle import OracleDrafter
 from ninfer.model.cache import KVPool, StatePool
+from ninfer.model.config import MOE
 
 MTP_MAX_DRAFT = 5
+DFLASH_MAX_DRAFT = 15  # block of 16: the anchor + 15 masks
 SNAPSHOT_SLOTS = 1  # per lane: the pre-verification copy of the live GDN state
 
 
@@ -27,11 +30,12 @@ def check_spec(config: EngineConfig, model: torch.nn.Module, draft_head: DraftHe
             raise EngineConfigError("spec_oracle_wrong_fraction requires a speculative method (--spec mtp)")
         return
     if method == "dflash":
-        raise EngineConfigError(
-            "spec.method=dflash is not available in this build (no DFlash drafter); use --spec mtp"
-        )
+        check_dflash(config, model, draft_head)
+        return
     if method != "mtp":
-        raise EngineConfigError(f"unknown speculative method {method!r}; this build supports 'mtp'")
+        raise EngineConfigError(
+            f"unknown speculative method {method!r}; this build supports 'mtp' and 'dflash'"
+        )
     if not 1 <= config.draft_tokens <= MTP_MAX_DRAFT:
         raise EngineConfigError(
             f"draft_tokens must be in 1..{MTP_MAX_DRAFT} with spec mtp, got {config.draft_tokens}"
@@ -43,6 +47,22 @@ def check_spec(config: EngineConfig, model: torch.nn.Module, draft_head: DraftHe
         raise EngineConfigError("lm_head_draft: the artifact has no 'lm_head_draft' component")
     if draft_head is not None and not config.lm_head_draft:
         raise EngineConfigError("a proposal head was given but lm_head_draft is off")
+
+
+def check_dflash(config: EngineConfig, model: torch.nn.Module, draft_head: DraftHead | None) -> None:
+    """--spec dflash: a 35B-A3B-family (MoE) text target with the artifact's DFlash drafter loaded."""
+    if not 1 <= config.draft_tokens <= DFLASH_MAX_DRAFT:
+        raise EngineConfigError(
+            f"draft_tokens must be in 1..{DFLASH_MAX_DRAFT} with spec dflash, got {config.draft_tokens}"
+        )
+    if model.config.family != MOE:
+        raise EngineConfigError(
+            f"spec.method=dflash needs a {MOE} (35B-A3B) target, this model is {model.config.family}"
+        )
+    if config.lm_head_draft or draft_head is not None:
+        raise EngineConfigError("lm_head_draft applies to spec mtp only, not dflash")
+    if config.spec_oracle_wrong_fraction is None and getattr(model, "dflash", None) is None:
+        raise EngineConfigError("spec.method=dflash: no DFlash drafter loaded (artifact without 'dflash')")
 
 
 def draft_slots(config: EngineConfig) -> int:
@@ -74,6 +94,8 @@ def build_spec(
             model, kv, states, snapshot, max_pages, device,
             config.spec_oracle_wrong_fraction, config.spec_oracle_seed, config.vocab_limit,
         )  # fmt: skip
+    elif config.spec_method == "dflash":
+        drafter = DFlashEngineDrafter(model, model.dflash, kv.num_pages, dtype, device, config.vocab_limit)
     else:
         drafter = MTPDrafter(
             model, kv.num_pages, layout.num_slots, max_pages, dtype, device, draft_head, config.vocab_limit

@@ -23,13 +23,15 @@ def spec_fields(spec: Any) -> dict[str, Any]:
 def load_spec_weights(
     spec: Any, artifact: Any, model: Any, dtype: torch.dtype, device: str | torch.device
 ) -> DraftHead | None:
-    """Attach the MTP head to `model` (spec.method == "mtp") and load the proposal head if asked."""
+    """Attach the MTP head (spec.method == "mtp", and the proposal head if asked) or the DFlash drafter
+    (spec.method == "dflash") to `model`."""
     if spec.method is None:
         return None
     if spec.method == "dflash":
-        raise EngineConfigError(
-            "spec.method=dflash is not available in this build (no DFlash drafter); use --spec mtp"
-        )
+        load_dflash_drafter(artifact, model, dtype, device)
+        if spec.lm_head_draft:
+            raise EngineConfigError("spec.lm_head_draft applies to spec mtp only, not dflash")
+        return None
     from ninfer.model.weights import load_mtp
 
     if not artifact.has_component("mtp"):
@@ -46,3 +48,20 @@ def load_spec_weights(
     return DraftHead.from_tensors(
         artifact.load_tensors("lm_head_draft"), cfg.vocab_size, cfg.hidden_size, dtype, device
     )
+
+
+def load_dflash_drafter(artifact: Any, model: Any, dtype: torch.dtype, device: str | torch.device) -> None:
+    """Attach the artifact's `dflash` component to `model` as `model.dflash`."""
+    from ninfer.artifact.dflash import COMPONENT, read_dflash_config
+    from ninfer.model.dflash import load_dflash
+
+    if not artifact.has_component(COMPONENT):
+        raise EngineConfigError(
+            "spec.method=dflash: this artifact carries no DFlash drafter "
+            "(add one with `python -m ninfer.artifact add-dflash ARTIFACT DRAFTER_HF_DIR`)"
+        )
+    try:
+        cfg = read_dflash_config(artifact.path)
+        model.dflash = load_dflash(cfg, artifact.load_tensors(COMPONENT), dtype, device)
+    except ValueError as exc:
+        raise EngineConfigError(f"spec.method=dflash: {exc}") from None
