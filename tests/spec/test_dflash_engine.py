@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from ninfer.artifact.shapes import text_shapes
+from ninfer.engine.pages import PAGE
+from ninfer.model.cache import KVPool, StatePool, make_batch
 from ninfer.model.config import MOE
 from ninfer.model.dflash import DFlashConfig, DFlashDrafter, load_dflash
 from ninfer.model.weights import load_model
@@ -42,9 +44,9 @@ def moe_config() -> Any:
     )
 
 
-def drafter_tensors(seed: int = 1) -> dict[str, torch.Tensor]:
+def drafter_tensors(seed: int = 1, config: dict | None = None) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    shapes = DFlashDrafter(DFlashConfig.from_hf(DRAFTER)).state_dict()
+    shapes = DFlashDrafter(DFlashConfig.from_hf(config or DRAFTER)).state_dict()
     return {
         n: (1.0 if t.dim() == 1 else 0.0) + 0.2 * torch.randn(t.shape, generator=g) for n, t in shapes.items()
     }
@@ -113,3 +115,60 @@ def test_prefix_reuse_hit_and_miss_equal_spec_off(models, k: int) -> None:
     finally:
         ref.shutdown(5)
         spec.shutdown(5)
+
+
+def reference_drafts(target: Any, drafter: Any, seq: list[int], k: int, limit: int | None) -> list[int]:
+    """Drafts recomputed from scratch: the target run once over `seq[:-1]` (its layer outputs as the
+    context), then [seq[-1], MASK x k] through the drafter with the whole context."""
+    ctx_ids, n = seq[:-1], len(seq) - 1
+    cfg = target.config
+    pages = list(range(-(-n // PAGE)))
+    kv = KVPool.for_config(cfg, len(pages), torch.float32, "cpu")
+    states = StatePool.for_config(cfg, 1, torch.float32, "cpu")
+    target.capture_layers = (0, 2)
+    try:
+        target(make_batch([ctx_ids], [0], [0], [pages]), kv, states)
+        feats = torch.cat([target.captured[i][0] for i in (0, 2)], -1)  # [n, 2H]
+    finally:
+        target.capture_layers = ()
+    pos = torch.arange(n + k + 1)[None]
+    ctx = drafter.context_kv(feats[None], pos[:, :n])
+    block = torch.tensor([[seq[-1]] + [DRAFTER["dflash_config"]["mask_token_id"]] * k])
+    hidden = drafter(
+        target.embed_tokens(block), pos[:, n:], ctx, pos[:, :n], torch.ones(1, n, dtype=torch.bool)
+    )
+    logits = drafter.logits(hidden[0, 1:], target.lm_head)  # [k, V]
+    if limit is not None:
+        logits[:, limit:] = float("-inf")
+    return logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("limit", [None, 4])
+def test_engine_drafts_equal_a_from_scratch_drafter(models, limit: int | None) -> None:
+    """The context K/V kept across prefill chunks, accepted runs and prefix reuse equal a full rebuild."""
+    plain, spec_model = models
+    k = 5
+    spec = engine(spec_model, spec_method="dflash", draft_tokens=k, prefill_chunk=32, vocab_limit=limit)
+    seen: list[tuple[int, int, list[int]]] = []
+    inner = spec.spec.drafter.propose
+
+    def propose(rows, kk):
+        out = inner(rows, kk)
+        seen.extend((r.position, r.token, p.tokens) for r, p in zip(rows, out, strict=True))
+        return out
+
+    spec.spec.drafter.propose = propose
+    try:
+        p1 = prompt(90, 5)
+        ((g1, _, _),) = run_batch(spec, [request(p1, max_tokens=16, response=90)])
+        rounds1 = len(seen)
+        p2 = (*p1, *g1, *prompt(10, 6))  # a prefix-reuse hit
+        ((g2, st2, _),) = run_batch(spec, [request(p2, max_tokens=16)])
+        assert st2.reuse_path == "append_frontier"
+    finally:
+        spec.shutdown(5)
+    with torch.no_grad():
+        for i, (position, token, drafts) in enumerate(seen):
+            full = [*p1, *g1] if i < rounds1 else [*p2, *g2]
+            assert full[position] == token
+            assert drafts == reference_drafts(plain, spec_model.dflash, full[: position + 1], k, limit), i
