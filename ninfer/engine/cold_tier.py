@@ -33,6 +33,7 @@ from ninfer.engine.config import EngineConfig
 from ninfer.engine.multimodal import SpanKey
 from ninfer.engine.prefix_cache import ReuseMatch, match_lane
 from ninfer.engine.slots import Lane
+from ninfer.engine.spec.dflash import DFlashEngineDrafter
 from ninfer.engine.spec.mtp import MTPDrafter, Pending
 from ninfer.model.cache import KVPool, StatePool
 
@@ -65,7 +66,7 @@ class ColdTierCounters:
 class LanePools:
     """The device state a lane image covers."""
 
-    kv: Sequence[KVPool]  # the trunk's pool, then the MTP drafter's (same page ids)
+    kv: Sequence[KVPool]  # the trunk's pool, then the drafter's (same page ids)
     states: StatePool
     drafter: Any = None  # an object with `pending: list[Pending]` per slot (the MTP drafter), or None
 
@@ -237,8 +238,11 @@ def build_cold_tier(
 
 
 def lane_pools(kv: KVPool, states: StatePool, spec: Any) -> LanePools:
-    """The pools a lane image covers: the trunk's, plus the MTP drafter's KV and pending rows."""
+    """The pools a lane image covers: the trunk's, plus the drafter's KV on the same page ids (MTP
+    also carries its pending rows; a DFlash context entry depends only on its own token)."""
     drafter = getattr(spec, "drafter", None) if spec is not None else None
     if isinstance(drafter, MTPDrafter):
         return LanePools([kv, drafter.kv], states, drafter)
+    if isinstance(drafter, DFlashEngineDrafter):
+        return LanePools([kv, drafter.kv], states, None)
     return LanePools([kv], states, None)

@@ -96,3 +96,18 @@ def test_inactive_on_the_cpu_is_said_once(caplog) -> None:
     lines = [r.getMessage() for r in caplog.records if r.name == "ninfer.engine.cold_tier"]
     assert lines == ["cold tier inactive: the engine runs on cpu, not a CUDA device"]
     assert eng.cold_tier is None and eng.cache.tier is None
+
+
+def test_lane_image_covers_the_dflash_context_pool() -> None:
+    """A parked lane carries the DFlash drafter's context K/V (same page ids as the trunk)."""
+    from types import SimpleNamespace
+
+    from ninfer.engine.cold_tier import lane_pools
+    from ninfer.engine.spec.dflash import DFlashEngineDrafter
+
+    trunk, ctx, states = object(), object(), object()
+    drafter = object.__new__(DFlashEngineDrafter)
+    drafter.kv = ctx
+    pools = lane_pools(trunk, states, SimpleNamespace(drafter=drafter))
+    assert list(pools.kv) == [trunk, ctx] and pools.drafter is None
+    assert list(lane_pools(trunk, states, None).kv) == [trunk]
