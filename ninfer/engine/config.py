@@ -33,8 +33,8 @@ class EngineConfig:
     no_cuda_graph: bool = False  # decode eagerly instead of replaying one CUDA graph per batch size
     compile: bool = False  # run the decode step through torch.compile (inductor)
     # Speculative decoding (frozen at startup; without a method no MTP weights or buffers exist).
-    spec_method: str | None = None  # None | "mtp" ("dflash" is rejected: not in this build)
-    draft_tokens: int = 3  # k drafts per round, 1..5 for MTP
+    spec_method: str | None = None  # None | "mtp" | "dflash" (the artifact's dflash component)
+    draft_tokens: int = 3  # k drafts per round: 1..5 for MTP, 1..15 for DFlash
     lm_head_draft: bool = False  # draft through the reduced-vocabulary proposal head
     # Benchmarking/testing aid, not a serving feature: when set, drafts are the target's own greedy
     # continuation (k extra target steps per round), each replaced by a wrong token with this
