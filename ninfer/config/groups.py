@@ -53,6 +53,8 @@ class EngineSettings(BaseSettings):
         0, json_schema_extra={"valid": "must be a CUDA device index >= 0 or cpu"}
     )
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    # kernel backend: auto = the fastest that imports (triton on CUDA, else reference)
+    kernel_backend: Literal["auto", "reference", "triton", "xformers", "tensorrt"] = "auto"
     no_cuda_graph: bool = False
     no_prefix_reuse: bool = False
     default_max_tokens: Int = Field(8192, ge=1)

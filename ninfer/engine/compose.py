@@ -13,6 +13,7 @@ from ninfer.engine.sampler import SamplingOverrides
 from ninfer.engine.spec.draft_head import DraftHead
 from ninfer.engine.spec.load import load_spec_weights, spec_fields
 from ninfer.engine.stops import Detokenizer
+from ninfer.kernels.dispatch import get_ops
 from ninfer.model.weights import load_model
 from ninfer.text.detok import IncrementalDetokenizer
 from ninfer.text.tokenizer import Tokenizer
@@ -78,7 +79,9 @@ def engine_parts(
     es = settings.engine
     device = es.torch_device(torch.cuda.is_available())
     dtype = es.torch_dtype(device != "cpu")
-    model = load_model(artifact.config, artifact.load_tensors("text"), _DTYPES[dtype], device)
+    backend = None if es.kernel_backend == "auto" else es.kernel_backend
+    ops = get_ops(torch.device(device).type, backend)
+    model = load_model(artifact.config, artifact.load_tensors("text"), _DTYPES[dtype], device, ops=ops)
     draft_head = load_spec_weights(settings.spec, artifact, model, _DTYPES[dtype], device)
     tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
     config = engine_config(settings, artifact, device, dtype, vocab_limit=tokenizer.vocab_size)

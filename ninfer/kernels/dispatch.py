@@ -79,10 +79,35 @@ def _triton() -> Ops:
     return triton_ops()
 
 
+class BackendUnavailable(RuntimeError):
+    """A named kernel backend cannot run here; the message says what is missing."""
+
+
+def _optional(name: str, package: str, extra: str) -> Callable[[], Ops]:
+    """Backends kept as install extras: no op of this build is implemented on them yet."""
+
+    def factory() -> Ops:
+        try:
+            __import__(package)
+        except ImportError as err:
+            raise BackendUnavailable(
+                f"kernel backend {name!r} needs the {package} package (pip install 'ninfer[{extra}]'): {err}"
+            ) from None
+        raise BackendUnavailable(
+            f"kernel backend {name!r}: {package} is installed, but this build implements no op on it "
+            "(paged GQA attention over 64-token pages, slot-indexed Gated DeltaNet steps); "
+            "use 'triton' on CUDA or 'reference'"
+        )
+
+    return factory
+
+
 # backend name -> (device types it runs on, factory)
 _REGISTRY: dict[str, tuple[frozenset[str], Callable[[], Ops]]] = {
     "reference": (frozenset({"cpu", "cuda"}), _reference),
     "triton": (frozenset({"cuda"}), _triton),
+    "xformers": (frozenset({"cuda"}), _optional("xformers", "xformers", "xformers")),
+    "tensorrt": (frozenset({"cuda"}), _optional("tensorrt", "torch_tensorrt", "tensorrt")),
 }
 # fastest first: what `get_ops(device_type)` tries when no backend is named
 _PREFERENCE: tuple[str, ...] = ("triton", "reference")
