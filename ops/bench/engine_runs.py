@@ -1,0 +1,187 @@
+"""Timed runs through the engine: concurrent greedy requests, one profiled eager decode step."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import threading
+import time
+from typing import Any
+
+import torch
+
+from ninfer.engine.api import GenerationRequest, SamplingParams
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.engine import Engine
+from ninfer.model.qwen35 import Qwen35Model
+from ops.bench.ceilings import sync
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSpec:
+    """Where and how the engines of one model run."""
+
+    device: str
+    dtype: str  # EngineConfig.dtype
+    chunk: int  # prefill chunk
+
+
+def make_engine(
+    model: Qwen35Model, es: EngineSpec, max_context: int, lanes: int, graphs: bool = True, **extra: Any
+) -> Engine:
+    """A started engine over `model`; `extra` sets further EngineConfig fields (compile, spec_*)."""
+    cfg = EngineConfig(
+        max_concurrency=lanes,
+        max_pending=16,
+        pending_timeout_ms=600_000,
+        prefill_chunk=es.chunk,
+        max_context=max_context,
+        kv_capacity=max_context * lanes,
+        no_prefix_reuse=True,
+        device=es.device,
+        dtype=es.dtype,
+        no_cuda_graph=not graphs or not es.device.startswith("cuda"),
+        **extra,
+    )
+    return Engine(model, cfg).start()
+
+
+def free(*engines: Engine | None) -> None:
+    for e in engines:
+        if e is not None:
+            e.shutdown(5)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int) -> dict[str, float]:
+    """Submit all prompts at once (greedy, ignore_eos). TTFT of the first request; decode tokens/s
+    over the window in which every request is decoding (last first token .. first last token),
+    and the runner's mean seconds per decode step (model + sampling) over the whole run."""
+    stamps: list[list[float]] = [[] for _ in prompts]
+    errors: list[BaseException] = []
+    before = engine.counters.total.decode_seconds, engine.counters.total.decode_rounds
+    t0 = time.perf_counter()
+
+    def consume(i: int, handle: Any) -> None:
+        try:
+            for out in handle:
+                stamps[i].extend([time.perf_counter()] * len(out.token_ids))
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+
+    threads = []
+    for i, p in enumerate(prompts):
+        req = GenerationRequest(
+            request_id=f"bench-{i}",
+            prompt_ids=p,
+            params=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        )
+        handle = engine.submit(engine.reserve(), req)
+        th = threading.Thread(target=consume, args=(i, handle))
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    if any(len(st) != max_tokens for st in stamps):
+        raise RuntimeError(f"expected {max_tokens} tokens per request, got {[len(st) for st in stamps]}")
+    start = max(st[0] for st in stamps)
+    end = min(st[-1] for st in stamps)
+    n = sum(sum(1 for t in st if start < t <= end) for st in stamps)
+    secs = engine.counters.total.decode_seconds - before[0]
+    rounds = engine.counters.total.decode_rounds - before[1]
+    return {
+        "ttft_s": stamps[0][0] - t0,
+        "decode_tok_s": n / (end - start) if end > start else float("nan"),
+        "window_start": start,
+        "window_end": end,
+        "window_s": end - start,
+        "window_tokens": float(n),
+        "step_ms": 1e3 * secs / max(rounds, 1),
+        "tokens": float(sum(len(st) for st in stamps)),
+    }
+
+
+def category(kernel: str) -> str:
+    """Coarse kernel category by name (GEMM, norm, attention, GDN, MoE, copy, other)."""
+    k = kernel.lower()
+    for cat, keys in (
+        ("gemm", ("gemm", "nvjet", "cutlass", "sm90_xmma", "matmul", "splitk", "aten::mm", "aten::bmm")),
+        ("norm", ("_rms_kernel", "_gated_kernel", "_norm_rope_kernel", "norm")),
+        ("attention", ("paged", "attention", "attn", "flash", "write_kv")),
+        ("gdn", ("gdn", "delta", "conv", "fused_recurrent")),
+        (
+            "moe",
+            (
+                "grouped",
+                "moe",
+                "expert",
+                "sort",
+                "histogram",
+                "scatter",
+                "gather",
+                "index",
+                "_route_kernel",
+                "_gate_up_kernel",
+                "_down_kernel",
+            ),
+        ),
+        ("copy", ("copy", "memcpy", "memset", "fill")),
+    ):
+        if any(x in k for x in keys):
+            return cat
+    return "elementwise/other"
+
+
+def profile_decode_step(engine: Engine, bs: int, context: int) -> dict[str, Any]:
+    """Kernel time of one eager decode step at `bs` rows (`context` tokens each) by category,
+    against the step's wall time: sum(kernels) << wall means launch / host overhead. On a CPU
+    device the operators' self CPU time stands in for kernel time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = engine.runner
+    dev = torch.device(engine.config.device)
+    cuda = dev.type == "cuda"
+    per = -(-(context + 1) // 64)
+    pages = [list(range(i * per, (i + 1) * per)) for i in range(bs)]
+    batch = runner._batch([[1]] * bs, [context] * bs, list(range(bs)), pages)
+    with torch.inference_mode():
+        for _ in range(3):
+            runner._decode_logits(batch)
+        sync(dev)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            runner._decode_logits(batch)
+        sync(dev)
+        wall = (time.perf_counter() - t0) / 5
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            runner._decode_logits(batch)
+            sync(dev)
+    want = DeviceType.CUDA if cuda else DeviceType.CPU
+    cats: dict[str, float] = {}
+    top: list[tuple[float, str, int]] = []
+    launches = 0
+    for ev in prof.key_averages():
+        if getattr(ev, "device_type", want) != want:
+            continue
+        us = getattr(ev, "device_time_total", 0.0) if cuda else ev.self_cpu_time_total
+        if us <= 0:
+            continue
+        cat = category(ev.key)
+        cats[cat] = cats.get(cat, 0.0) + us / 1e3
+        launches += ev.count
+        top.append((us / 1e3, ev.key[:90], ev.count))
+    top.sort(reverse=True)
+    return {
+        "bs": bs,
+        "context": context,
+        "eager_step_ms": wall * 1e3,
+        "kernel_ms": sum(cats.values()),
+        "kernels_per_step": launches,
+        "kernel_ms_by_category": {k: round(v, 3) for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"ms": round(ms, 3), "name": n, "count": c} for ms, n, c in top[:15]],
+    }

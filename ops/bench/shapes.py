@@ -1,0 +1,179 @@
+"""Model shapes of the benchmarked checkpoints (and tiny smoke versions), random weights, cost models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ninfer.kernels.dispatch import get_ops
+from ninfer.model.config import TextConfig
+from ninfer.model.mtp import MTPHead
+from ninfer.model.qwen35 import Qwen35Model
+
+# Text-config shapes of the released checkpoints (model-reference §2.5).
+_COMMON: dict[str, Any] = dict(
+    vocab_size=248320,
+    head_dim=256,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=262144,
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 10_000_000,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [11, 11, 10],
+        "mrope_interleaved": True,
+    },
+)
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3.6-27b": dict(
+        _COMMON,
+        model_type="qwen3_5_text",
+        hidden_size=5120,
+        num_hidden_layers=64,
+        intermediate_size=17408,
+        num_attention_heads=24,
+        num_key_value_heads=4,
+        linear_num_key_heads=16,
+        linear_num_value_heads=48,
+    ),
+    "qwen3.6-35b-a3b": dict(
+        _COMMON,
+        model_type="qwen3_5_moe_text",
+        hidden_size=2048,
+        num_hidden_layers=40,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        num_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+    ),
+}
+
+# Smoke shapes: the same families (dense / MoE), 4 layers (3 GDN + 1 attention), a 512-id vocabulary.
+_TINY: dict[str, Any] = dict(
+    _COMMON,
+    vocab_size=512,
+    head_dim=32,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    max_position_embeddings=4096,
+    rope_parameters=dict(_COMMON["rope_parameters"], mrope_section=[2, 1, 1]),  # rotary 8 -> 4 pairs
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+)
+SMOKE_SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3.6-27b": dict(_TINY, model_type="qwen3_5_text", intermediate_size=128),
+    "qwen3.6-35b-a3b": dict(
+        _TINY,
+        model_type="qwen3_5_moe_text",
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+    ),
+}
+
+
+def hf_shape(name: str, smoke: bool) -> dict[str, Any]:
+    """The HF text config dict of model `name` (full size, or its smoke version)."""
+    table = SMOKE_SHAPES if smoke else SHAPES
+    if name not in table:
+        raise SystemExit(f"unknown model {name!r}; known: {', '.join(table)}")
+    return table[name]
+
+
+def init_random_(module: torch.nn.Module, gen: torch.Generator) -> None:
+    """N(0, 0.02) weights; norm offsets N(0, 0.1), A_log U(-1, 1), dt_bias N(0, 0.5). In place."""
+    with torch.no_grad():
+        for pname, p in module.named_parameters():
+            if pname.endswith("A_log"):
+                p.uniform_(-1.0, 1.0, generator=gen)
+            elif "norm" in pname:
+                p.normal_(0.0, 0.1, generator=gen)
+            elif pname.endswith("dt_bias"):
+                p.normal_(0.0, 0.5, generator=gen)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+
+
+def build_model(shape: dict[str, Any], backend: str, device: str, dtype: torch.dtype) -> Qwen35Model:
+    """Model of `shape` with random weights drawn directly on `device` (no host copy of a full model)."""
+    cfg = TextConfig.from_hf(shape)
+    gen = torch.Generator(device=device).manual_seed(0)
+    ops = get_ops(torch.device(device).type, backend)  # outside meta: backends probe kernels on the device
+    with torch.device("meta"):
+        model = Qwen35Model(cfg, ops)
+    model = model.to_empty(device=device).to(dtype)
+    init_random_(model, gen)
+    model.init_buffers(device)
+    model.eval().requires_grad_(False)
+    return model
+
+
+def attach_mtp(model: Qwen35Model, device: str, dtype: torch.dtype) -> MTPHead:
+    """A random one-layer MTP head of the trunk's shapes, bound to its embedding/lm_head/rotary."""
+    with torch.device("meta"):
+        head = MTPHead(model.config, model.ops)
+    head = head.to_empty(device=device).to(dtype)
+    init_random_(head, torch.Generator(device=device).manual_seed(1))
+    assert model.rotary is not None
+    head.bind(model.embed_tokens, model.lm_head, model.rotary)
+    head.eval().requires_grad_(False)
+    model.mtp = head
+    return head
+
+
+def random_prompt(n: int, seed: int, vocab: int) -> tuple[int, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randint(0, min(vocab, 240_000), (n,), generator=g).tolist())
+
+
+def _trunk_params(model: Qwen35Model) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if not n.startswith("mtp.")]
+
+
+def weight_bytes_per_token(model: Qwen35Model) -> int:
+    """Bytes of weights one decode step must read at batch 1 (embedding: one row; MoE: top-k experts)."""
+    cfg = model.config
+    total = 0
+    for pname, p in _trunk_params(model):
+        nbytes = p.numel() * p.element_size()
+        if pname.startswith("embed_tokens"):
+            nbytes = p.shape[1] * p.element_size()
+        elif ".experts." in pname and cfg.num_experts:
+            nbytes = nbytes * cfg.num_experts_per_tok // cfg.num_experts
+        total += nbytes
+    return total
+
+
+def state_bytes_per_token(cfg: TextConfig, context: int, kv_elem: int = 2) -> int:
+    """KV bytes read + GDN recurrent state read and written (fp32) per sequence per step."""
+    kv = len(cfg.attention_layers) * 2 * cfg.num_key_value_heads * cfg.head_dim * kv_elem * context
+    ssm = len(cfg.linear_layers) * cfg.linear_num_value_heads * cfg.linear_key_head_dim
+    return kv + ssm * cfg.linear_value_head_dim * 4 * 2
+
+
+def prefill_flops_per_token(model: Qwen35Model, context: int) -> float:
+    """2 x active non-embedding parameters + attention score/value FLOPs at average context/2."""
+    cfg = model.config
+    active = 0
+    for pname, p in _trunk_params(model):
+        if pname.startswith("embed_tokens"):
+            continue
+        n = p.numel()
+        if ".experts." in pname and cfg.num_experts:
+            n = n * cfg.num_experts_per_tok // cfg.num_experts
+        active += n
+    attn = 4 * len(cfg.attention_layers) * cfg.num_attention_heads * cfg.head_dim * (context / 2)
+    return 2 * active + attn
