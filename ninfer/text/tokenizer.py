@@ -96,7 +96,7 @@ class Tokenizer:
         if cached is not None:
             return cached
         if not self._byte_level:
-            raise NotImplementedError("token_bytes needs a tokenizer.json with a ByteLevel decoder")
+            raise ValueError("token_bytes needs a tokenizer.json with a ByteLevel decoder")
         token = self.id_to_token(i)
         if token is None:
             raise ValueError(f"token id {i} is outside the vocabulary [0, {self._vocab_size})")
