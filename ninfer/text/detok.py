@@ -7,6 +7,29 @@ from collections.abc import Sequence
 
 from ninfer.text.tokenizer import Tokenizer
 
+# Allowed range of the second byte after each lead byte (RFC 3629, Table 3-7 of Unicode).
+_SECOND = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+
+
+def _may_complete(pending: bytes) -> bool:
+    """Whether `pending` (an unfinished tail of 1-3 bytes) can still become one valid character."""
+    lead = pending[0]
+    if 0xC2 <= lead <= 0xDF:
+        need = 2
+    elif 0xE0 <= lead <= 0xEF:
+        need = 3
+    elif 0xF0 <= lead <= 0xF4:
+        need = 4
+    else:
+        return False
+    if len(pending) >= need:
+        return False
+    for i, b in enumerate(pending[1:], start=1):
+        lo, hi = _SECOND.get(lead, (0x80, 0xBF)) if i == 1 else (0x80, 0xBF)
+        if not lo <= b <= hi:
+            return False
+    return True
+
 
 class IncrementalDetokenizer:
     """Turns a growing token sequence into text deltas whose concatenation equals ``decode``.
@@ -34,7 +57,14 @@ class IncrementalDetokenizer:
             raise RuntimeError("push after flush")
         token_bytes = self._tokenizer.token_bytes
         data = b"".join(token_bytes(i) for i in ids if i not in self._skip)
-        return self._decoder.decode(data)
+        text = self._decoder.decode(data)
+        pending = self._decoder.getstate()[0]
+        if pending and not _may_complete(pending):
+            # CPython's incremental decoder can hold bytes that no continuation can make valid
+            # (e.g. ED A1, a surrogate); they are already U+FFFD in the full decode: emit them now.
+            text += self._decoder.decode(b"", final=True)
+            self._decoder.reset()
+        return text
 
     def flush(self) -> str:
         """End of sequence: return what is held back (an unfinished character becomes U+FFFD)."""

@@ -147,3 +147,14 @@ def test_one_token_at_a_time_is_linear() -> None:
     elapsed = time.perf_counter() - start
     assert "".join(out) == tok.decode(ids)
     assert elapsed < 0.5e-3 * len(ids), f"{elapsed:.2f}s for {len(ids)} tokens"
+
+
+def test_bytes_that_can_never_complete_are_not_held() -> None:
+    """a0 ed | a1: after the second push `ed a1` (a surrogate lead) can never become a character,
+    so it is emitted as U+FFFD at once, exactly as the full decode of the prefix shows it."""
+    tok = ours()
+    assert tok.token_bytes(55246) == b"\xa0\xed" and tok.token_bytes(94) == b"\xa1"
+    det = IncrementalDetokenizer(tok)
+    assert det.push([55246]) == "\ufffd"
+    assert det.push([94]) == "\ufffd\ufffd" and det.pending_bytes == 0
+    assert det.flush() == ""
