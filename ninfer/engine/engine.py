@@ -3,7 +3,8 @@
 Other threads only `reserve()`, `submit()` and read/cancel their `RequestHandle`. The engine
 thread loops: take new submissions and cancellations, expire late waiters, admit in FIFO order,
 run one step (a prefill chunk of one request or one decode round of all decode-ready ones),
-commit tokens and check stops.
+commit tokens and check stops. Submission checks live in `intake`, token commits in `commit`,
+and how requests leave (finish, fail, engine death) in `retire`.
 """
 
 from __future__ import annotations
@@ -16,29 +17,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ninfer.engine.api import (
-    ContextLengthExceeded,
-    EngineError,
-    EngineStopped,
-    GenerationRequest,
-    QueueTimeout,
-    RequestStats,
-    StepOutput,
-)
+from ninfer.engine.api import EngineError, EngineStopped, GenerationRequest, QueueTimeout, StepOutput
 from ninfer.engine.cold_tier import build_cold_tier, lane_pools
+from ninfer.engine.commit import Committer
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.counters import Counters
 from ninfer.engine.handle import RequestHandle
+from ninfer.engine.intake import prepare
 from ninfer.engine.multimodal import MediaEncoder
 from ninfer.engine.pages import PageAllocator, pages_for
 from ninfer.engine.plan import DecodePlan, PrefillPlan
 from ninfer.engine.prefix_cache import PrefixCache
+from ninfer.engine.retire import Retirer
 from ninfer.engine.runner import Runner
-from ninfer.engine.sampler import RowSampler, resolve_sampling
+from ninfer.engine.sampler import RowSampler
 from ninfer.engine.scheduler import DECODE, Scheduler, Seq, Snapshot
 from ninfer.engine.sizing import SizingLedger, mtp_kv_layers, resolve_kv
 from ninfer.engine.slots import SlotLayout, make_lanes
-from ninfer.engine.spec import counters as spec_counters
 from ninfer.engine.spec.build import build_spec, check_spec, draft_slots
 from ninfer.engine.stops import Detokenizer, StopChecker
 from ninfer.engine.tickets import Ticket, TicketBook
@@ -127,6 +122,10 @@ class Engine:
         self._accepting = True
         self._drain_deadline: float | None = None
         self._snapshot = self.scheduler.snapshot()
+        self._retire = Retirer(
+            self.scheduler, self.cache, self.allocator, self.media, self.cold_tier, self._seqs, self._handles
+        )
+        self._commit = Committer(self.scheduler, self.counters, self._retire, self._seqs, self._handles)
         self._thread: threading.Thread | None = None
         self.error: str | None = None  # set when the engine thread died; every request then fails
         self.prepared = threading.Event()  # set once the engine thread finished warm-up / graph capture
@@ -169,42 +168,17 @@ class Engine:
     def submit(self, ticket: Ticket, request: GenerationRequest) -> RequestHandle:
         """Queue a prepared prompt under `ticket`; validation errors raise here, synchronously."""
         now = time.monotonic()
-        if ticket.released:
-            raise ValueError("submit with a released ticket")
-        if now >= ticket.deadline:
-            raise QueueTimeout(f"request waited {now - ticket.created:.3f}s before submission")
-        prompt = request.prompt_ids
-        if not prompt:
-            raise ValueError("empty prompt")
-        vocab = self.text_config.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise ValueError(f"prompt token id outside the model vocabulary [0, {vocab})")
-        mm = request.multimodal
-        if mm is not None:
-            if self.media is None:
-                raise ValueError("media input needs an engine started with vision enabled")
-            if tuple(mm.positions.shape) != (3, len(prompt)):
-                raise ValueError(f"multimodal positions must be [3, {len(prompt)}]")
-        ctx = self.config.max_context
-        if len(prompt) + 1 > ctx:
-            raise ContextLengthExceeded(len(prompt), ctx)
-        params = request.params
-        max_tokens = self.config.default_max_tokens if params.max_tokens is None else params.max_tokens
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        preset = self.config.thinking_preset if request.thinking else self.config.non_thinking_preset
-        resolved = resolve_sampling(params, preset, self.config.sampling)
-        stop_ids = (
-            frozenset(params.stop_token_ids) if params.stop_token_ids is not None else self.stop_token_ids
+        intake = prepare(
+            request,
+            ticket,
+            now,
+            config=self.config,
+            vocab_size=self.text_config.vocab_size,
+            has_media=self.media is not None,
+            default_stop_ids=self.stop_token_ids,
+            detokenizer_factory=self.detokenizer_factory,
+            spec=self.spec,
         )
-        if params.ignore_eos:
-            stop_ids = frozenset()
-        detok = self.detokenizer_factory() if self.detokenizer_factory is not None else None
-        stats = RequestStats(
-            prompt_tokens=len(prompt), resolved_sampling=resolved.as_dict(), seed=resolved.seed
-        )
-        if self.spec is not None:
-            stats.speculative = spec_counters.new_counters(self.spec.backend, self.spec.k)
         with self._cv:  # checked under the lock: the drain loop exits only with an empty inbox
             self._check_accepting()
             self._next_id += 1
@@ -213,13 +187,13 @@ class Engine:
                 id=sid,
                 request=request,
                 ticket=ticket,
-                entitlement=min(max_tokens, ctx - len(prompt)),
-                sampler=RowSampler(resolved, self.device),
-                stops=StopChecker(stop_ids, params.stop, detok),
-                stats=stats,
+                entitlement=intake.entitlement,
+                sampler=RowSampler(intake.sampling, self.device),
+                stops=StopChecker(intake.stop_ids, request.params.stop, intake.detok),
+                stats=intake.stats,
                 t_submit=now,
             )
-            handle = RequestHandle(request.request_id, ticket, stats, lambda: self._cancel(sid))
+            handle = RequestHandle(request.request_id, ticket, intake.stats, lambda: self._cancel(sid))
             self._handles[sid] = handle
             self._inbox.append(seq)
             self._cv.notify()
@@ -264,15 +238,9 @@ class Engine:
             self.error = error
             self._accepting = False
             queued, self._inbox = self._inbox, []
-            handles, self._handles = self._handles, {}
-        for seq in [*self._seqs.values(), *queued]:
-            try:
-                self._drop_media(seq)
-            except Exception:  # the payload references are released best-effort
-                pass
-        self._seqs.clear()
-        for handle in handles.values():
-            handle._put(EngineError(f"the engine failed: {error}"))
+            handles = list(self._handles.values())
+            self._handles.clear()
+        self._retire.fail_all(queued, handles, error)
 
     def _serve(self) -> None:
         sched = self.scheduler
@@ -289,21 +257,23 @@ class Engine:
             for sid in cancels:
                 seq = self._seqs.get(sid)
                 if seq is not None:
-                    self._end(seq, StepOutput(token_ids=(), finish_reason="cancelled"), keep=False)
+                    self._retire.end(seq, StepOutput(token_ids=(), finish_reason="cancelled"), keep=False)
             now = time.monotonic()
             if drain_deadline is not None:
                 if now >= drain_deadline:
                     for seq in list(self._seqs.values()):
                         if seq.phase == DECODE or seq in sched.active:
-                            self._end(seq, StepOutput(token_ids=(), finish_reason="cancelled"), keep=False)
+                            self._retire.end(
+                                seq, StepOutput(token_ids=(), finish_reason="cancelled"), keep=False
+                            )
                         else:
-                            self._fail(seq, EngineStopped("the engine shut down before admission"))
+                            self._retire.fail(seq, EngineStopped("the engine shut down before admission"))
                 if not self._seqs:
                     self._snapshot = sched.snapshot()
                     return
             for seq in sched.expire(now):
                 waited = now - seq.ticket.created
-                self._fail(seq, QueueTimeout(f"request not admitted within {waited:.3f}s"))
+                self._retire.fail(seq, QueueTimeout(f"request not admitted within {waited:.3f}s"))
             sched.admit(now)
             plan = sched.next_plan()
             self._snapshot = sched.snapshot()
@@ -324,132 +294,16 @@ class Engine:
                 self._cv.wait(min(timeout, 0.05))
 
     def _step(self, plan: PrefillPlan | DecodePlan) -> None:
-        sched = self.scheduler
         ids = [plan.seq_id] if isinstance(plan, PrefillPlan) else [r.seq_id for r in plan.rows]
         try:
             result = self.runner.execute(plan)
         except Exception as exc:  # a failed step fails its requests, not the engine
             for sid in ids:
                 out = StepOutput(token_ids=(), finish_reason="error", error=f"{type(exc).__name__}: {exc}")
-                self._end(self._seqs[sid], out, keep=False)
+                self._retire.end(self._seqs[sid], out, keep=False)
             return
         now = time.monotonic()
         if isinstance(plan, PrefillPlan):
-            seq = self._seqs[plan.seq_id]
-            sched.prefill_done(seq, plan)
-            seq.stats.computed_prefill_tokens += len(plan.tokens)
-            seq.stats.vision_s += result.vision_seconds
-            if seq.phase == DECODE:
-                self._drop_media(seq)  # the prompt is in the cache: its payloads are not needed
-            self.counters.add(prefill_tokens=len(plan.tokens), prefill_seconds=result.seconds)
-            if result.tokens:
-                seq.t_first = now
-                self._commit(seq, result.tokens[0], now)
-            return
-        spec = result.spec
-        decoded, committed = 0, []
-        for i, sid in enumerate(result.seq_ids):
-            seq = self._seqs[sid]
-            run = [result.tokens[i]] if spec is None else spec.runs[i]
-            if spec is not None:
-                spec_counters.begin_row(seq.stats.speculative, spec.drafted[i])
-            n = 0  # a speculative run commits until the request finishes (stop or length)
-            for token in run:
-                if spec is not None and n < spec.accepted[i]:
-                    spec_counters.commit_draft(seq.stats.speculative, n)
-                sched.decode_fed(seq)
-                n += 1
-                if self._commit(seq, token, now):
-                    break
-            decoded += n
-            retained = seq.lane is not None and seq.lane.computed > 0
-            committed.append(n if retained else None)
-        seconds = result.seconds
-        if spec is not None:  # bring each retained lane's state to exactly its committed tokens
-            try:
-                seconds += spec.finalize(committed)
-            except Exception as exc:
-                self._drop_rows(plan, f"{type(exc).__name__}: {exc}")
-        self.counters.add(
-            decode_tokens=decoded,
-            decode_rounds=1,
-            decode_row_rounds=len(plan.rows),
-            decode_seconds=seconds,
-        )
-
-    def _drop_rows(self, plan: DecodePlan, error: str) -> None:
-        """A state fix-up failed: fail the rows' live requests and forget their retained lanes."""
-        slots = {r.slot for r in plan.rows}
-        for r in plan.rows:
-            seq = self._seqs.get(r.seq_id)
-            if seq is not None:
-                self._end(seq, StepOutput(token_ids=(), finish_reason="error", error=error), keep=False)
-        for lane in self.cache.lanes:
-            if lane.live_slot in slots and lane.resident:
-                self.allocator.free(lane.clear())
-
-    def _commit(self, seq: Seq, token: int, now: float) -> bool:
-        """Commit one token; True when it finished the request."""
-        self.scheduler.commit(seq, token)
-        try:
-            text, hit = seq.stops.push(token)
-            finish = None
-            if hit is not None:
-                finish = "stop"
-            elif len(seq.generated) >= seq.entitlement:
-                finish = "length"
-                tail = seq.stops.flush()
-                text = None if text is None else text + (tail or "")
-        except ValueError as exc:  # e.g. a token id the tokenizer cannot decode
-            out = StepOutput(token_ids=(token,), finish_reason="error", error=str(exc))
-            self._end(seq, out, keep=False)
-            return True
-        out = StepOutput(
-            token_ids=(token,),
-            finish_reason=finish,
-            stop_string=hit.string if hit is not None else None,
-            stop_token_id=hit.token_id if hit is not None else None,
-            text=text,
-        )
-        if finish is None:
-            self._handles[seq.id]._put(out)
-            return False
-        self._end(seq, out, keep=True)
-        return True
-
-    def _close_stats(self, seq: Seq) -> None:
-        now = time.monotonic()
-        st = seq.stats
-        st.completion_tokens = len(seq.generated)
-        st.total_s = now - seq.t_submit
-        if seq.t_admit:
-            st.queue_s = seq.t_admit - seq.t_submit
+            self._commit.prefill(plan, result, now)
         else:
-            st.queue_s = st.total_s
-        if seq.t_first:
-            st.ttft_s = seq.t_first - seq.t_submit
-            st.prefill_s = seq.t_first - seq.t_admit
-            st.decode_s = now - seq.t_first
-        if self.cold_tier is not None:  # cumulative tier counters, and whether this request restored
-            st.cold_tier = {"restored": self.cold_tier.take_restored(seq.id), **self.cold_tier.stats()}
-
-    def _drop_media(self, seq: Seq) -> None:
-        mm = seq.request.multimodal
-        if mm is not None:
-            if self.media is not None:
-                self.media.forget(mm)
-            mm.close()
-
-    def _end(self, seq: Seq, out: StepOutput, keep: bool) -> None:
-        self._drop_media(seq)
-        self.scheduler.finish(seq, keep=keep)
-        self._close_stats(seq)
-        del self._seqs[seq.id]
-        self._handles.pop(seq.id)._put(out)
-
-    def _fail(self, seq: Seq, exc: EngineError) -> None:
-        self._drop_media(seq)
-        self.scheduler.finish(seq, keep=False)
-        self._close_stats(seq)
-        del self._seqs[seq.id]
-        self._handles.pop(seq.id)._put(exc)
+            self._commit.decode(plan, result, now)

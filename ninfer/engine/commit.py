@@ -1,0 +1,104 @@
+"""Committing a step's sampled tokens: stops and max tokens, outputs to handles, speculative runs."""
+
+from __future__ import annotations
+
+from ninfer.engine.api import StepOutput
+from ninfer.engine.counters import Counters
+from ninfer.engine.handle import RequestHandle
+from ninfer.engine.plan import DecodePlan, PrefillPlan, StepResult
+from ninfer.engine.retire import Retirer
+from ninfer.engine.scheduler import DECODE, Scheduler, Seq
+from ninfer.engine.spec import counters as spec_counters
+
+
+class Committer:
+    """Applies a `StepResult` to the live requests on the engine thread."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        counters: Counters,
+        retirer: Retirer,
+        seqs: dict[int, Seq],
+        handles: dict[int, RequestHandle],
+    ) -> None:
+        self.scheduler = scheduler
+        self.counters = counters
+        self.retirer = retirer
+        self.seqs = seqs
+        self.handles = handles
+
+    def prefill(self, plan: PrefillPlan, result: StepResult, now: float) -> None:
+        """Account a prefill chunk; the final chunk's sampled token is the request's first."""
+        seq = self.seqs[plan.seq_id]
+        self.scheduler.prefill_done(seq, plan)
+        seq.stats.computed_prefill_tokens += len(plan.tokens)
+        seq.stats.vision_s += result.vision_seconds
+        if seq.phase == DECODE:
+            self.retirer.drop_media(seq)  # the prompt is in the cache: its payloads are not needed
+        self.counters.add(prefill_tokens=len(plan.tokens), prefill_seconds=result.seconds)
+        if result.tokens:
+            seq.t_first = now
+            self.token(seq, result.tokens[0], now)
+
+    def decode(self, plan: DecodePlan, result: StepResult, now: float) -> None:
+        """Commit each row's token (or speculative run), then fix up speculative lane state."""
+        spec = result.spec
+        decoded, committed = 0, []
+        for i, sid in enumerate(result.seq_ids):
+            seq = self.seqs[sid]
+            run = [result.tokens[i]] if spec is None else spec.runs[i]
+            if spec is not None:
+                spec_counters.begin_row(seq.stats.speculative, spec.drafted[i])
+            n = 0  # a speculative run commits until the request finishes (stop or length)
+            for token in run:
+                if spec is not None and n < spec.accepted[i]:
+                    spec_counters.commit_draft(seq.stats.speculative, n)
+                self.scheduler.decode_fed(seq)
+                n += 1
+                if self.token(seq, token, now):
+                    break
+            decoded += n
+            retained = seq.lane is not None and seq.lane.computed > 0
+            committed.append(n if retained else None)
+        seconds = result.seconds
+        if spec is not None:  # bring each retained lane's state to exactly its committed tokens
+            try:
+                seconds += spec.finalize(committed)
+            except Exception as exc:
+                self.retirer.drop_rows(plan, f"{type(exc).__name__}: {exc}")
+        self.counters.add(
+            decode_tokens=decoded,
+            decode_rounds=1,
+            decode_row_rounds=len(plan.rows),
+            decode_seconds=seconds,
+        )
+
+    def token(self, seq: Seq, token: int, now: float) -> bool:
+        """Commit one token; True when it finished the request."""
+        self.scheduler.commit(seq, token)
+        try:
+            text, hit = seq.stops.push(token)
+            finish = None
+            if hit is not None:
+                finish = "stop"
+            elif len(seq.generated) >= seq.entitlement:
+                finish = "length"
+                tail = seq.stops.flush()
+                text = None if text is None else text + (tail or "")
+        except ValueError as exc:  # e.g. a token id the tokenizer cannot decode
+            out = StepOutput(token_ids=(token,), finish_reason="error", error=str(exc))
+            self.retirer.end(seq, out, keep=False)
+            return True
+        out = StepOutput(
+            token_ids=(token,),
+            finish_reason=finish,
+            stop_string=hit.string if hit is not None else None,
+            stop_token_id=hit.token_id if hit is not None else None,
+            text=text,
+        )
+        if finish is None:
+            self.handles[seq.id]._put(out)
+            return False
+        self.retirer.end(seq, out, keep=True)
+        return True

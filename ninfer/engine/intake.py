@@ -1,0 +1,81 @@
+"""Submission intake: validate a request on the caller's thread and resolve its limits, sampling and stops."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ninfer.engine.api import ContextLengthExceeded, GenerationRequest, QueueTimeout, RequestStats
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.sampler import ResolvedSampling, resolve_sampling
+from ninfer.engine.spec import counters as spec_counters
+from ninfer.engine.stops import Detokenizer
+from ninfer.engine.tickets import Ticket
+
+if TYPE_CHECKING:
+    from ninfer.engine.spec.decoder import SpecDecoder
+
+
+@dataclass(frozen=True)
+class Intake:
+    """A validated submission, resolved against the engine's configuration."""
+
+    entitlement: int  # tokens the request may generate: max_tokens capped by the context left
+    sampling: ResolvedSampling
+    stop_ids: frozenset[int]
+    detok: Detokenizer | None
+    stats: RequestStats
+
+
+def prepare(
+    request: GenerationRequest,
+    ticket: Ticket,
+    now: float,
+    *,
+    config: EngineConfig,
+    vocab_size: int,
+    has_media: bool,
+    default_stop_ids: frozenset[int],
+    detokenizer_factory: Callable[[], Detokenizer] | None,
+    spec: SpecDecoder | None,
+) -> Intake:
+    """Validate `request` under `ticket` (errors raise here, synchronously) and resolve it."""
+    if ticket.released:
+        raise ValueError("submit with a released ticket")
+    if now >= ticket.deadline:
+        raise QueueTimeout(f"request waited {now - ticket.created:.3f}s before submission")
+    prompt = request.prompt_ids
+    if not prompt:
+        raise ValueError("empty prompt")
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        raise ValueError(f"prompt token id outside the model vocabulary [0, {vocab_size})")
+    mm = request.multimodal
+    if mm is not None:
+        if not has_media:
+            raise ValueError("media input needs an engine started with vision enabled")
+        if tuple(mm.positions.shape) != (3, len(prompt)):
+            raise ValueError(f"multimodal positions must be [3, {len(prompt)}]")
+    ctx = config.max_context
+    if len(prompt) + 1 > ctx:
+        raise ContextLengthExceeded(len(prompt), ctx)
+    params = request.params
+    max_tokens = config.default_max_tokens if params.max_tokens is None else params.max_tokens
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    preset = config.thinking_preset if request.thinking else config.non_thinking_preset
+    resolved = resolve_sampling(params, preset, config.sampling)
+    stop_ids = frozenset(params.stop_token_ids) if params.stop_token_ids is not None else default_stop_ids
+    if params.ignore_eos:
+        stop_ids = frozenset()
+    detok = detokenizer_factory() if detokenizer_factory is not None else None
+    stats = RequestStats(prompt_tokens=len(prompt), resolved_sampling=resolved.as_dict(), seed=resolved.seed)
+    if spec is not None:
+        stats.speculative = spec_counters.new_counters(spec.backend, spec.k)
+    return Intake(
+        entitlement=min(max_tokens, ctx - len(prompt)),
+        sampling=resolved,
+        stop_ids=stop_ids,
+        detok=detok,
+        stats=stats,
+    )
