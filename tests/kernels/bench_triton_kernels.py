@@ -10,7 +10,7 @@ from triton.testing import do_bench_cudagraph
 
 from ninfer.kernels import attention_ref, conv_ref, gdn_ref
 from ninfer.kernels.triton import (
-    causal_conv1d_update,
+    conv_step,
     gdn_decode_step,
     paged_attention_decode,
     quantize_kv_int8,
@@ -77,11 +77,13 @@ def bench_conv() -> None:
         w = torch.randn(CONV, 4, device=DEV, dtype=torch.bfloat16)
         pool = torch.randn(n, CONV, 3, device=DEV, dtype=torch.bfloat16)
         st = pool.clone()
-        y = causal_conv1d_update(x, w, pool, torch.arange(n, device=DEV))
+        slots = torch.arange(n, device=DEV)
+        write = slots[:, None].expand(n, t).contiguous()  # every token's window into the same slot
+        y = conv_step(x, w, pool, write, slots)
         ry, rs = conv_ref.causal_conv1d_with_state(x, w, st)
         err = (_rel(y, ry), bool(torch.equal(pool, rs)))
         for bc in (None, 128, 512):
-            us = _us(partial(causal_conv1d_update, x, w, pool, torch.arange(n, device=DEV), block_c=bc))
+            us = _us(partial(conv_step, x, w, pool, write, slots, block_c=bc))
             print(f"conv N={n} T={t} BC={bc}: {us:.1f} us, rel err {err[0]:.1e}, state exact {err[1]}")
 
 

@@ -1,13 +1,12 @@
 """Fast GPU kernels in Triton: GDN decode/verify step, slot-indexed causal conv, paged attention."""
 
-from ninfer.kernels.triton.conv1d import causal_conv1d_update, causal_conv1d_with_state
+from ninfer.kernels.triton.conv_step import conv_step
 from ninfer.kernels.triton.gdn_decode import gdn_decode_step, gdn_step_gated, recurrent_gated_delta_rule
 from ninfer.kernels.triton.kv_int8 import quantize_kv_int8, write_kv_int8
 from ninfer.kernels.triton.paged_attention import paged_attention, paged_attention_decode
 
 __all__ = [
-    "causal_conv1d_update",
-    "causal_conv1d_with_state",
+    "conv_step",
     "gdn_decode_step",
     "gdn_step_gated",
     "paged_attention",
