@@ -106,13 +106,13 @@ def media_host() -> Iterator[str]:
     httpd.shutdown()
 
 
-def _serve(tmp: Path, artifact: Path, *extra: str, stats_ms: int = 0) -> Server:
+def _serve(tmp: Path, artifact: Path, *extra: str, stats_ms: int = 0, max_context: int = 512) -> Server:
     return start_server(
         tmp,
         [
             f"model.artifact={artifact}",
             "vision.enabled=true",
-            "engine.max_context=512",
+            f"engine.max_context={max_context}",
             "engine.max_concurrency=1",
             f"logging.log_stats_interval_ms={stats_ms}",
             *extra,
@@ -130,13 +130,15 @@ def vserver(tmp_path_factory: pytest.TempPathFactory, artifact: Path) -> Iterato
 @pytest.fixture(scope="module")
 def lean_server(tmp_path_factory: pytest.TempPathFactory, artifact: Path) -> Iterator[Server]:
     """Default URL policy, nothing retained by the media cache (live bytes are request-held bytes
-    only), a 2 s pending timeout and a throughput event every 100 ms."""
+    only), a 2 s pending timeout, a throughput event every 100 ms, and room for a stream long
+    enough to outlast that timeout on any machine."""
     srv = _serve(
         tmp_path_factory.mktemp("lean"),
         artifact,
         "vision.media_cache_mib=0",
         "engine.pending_timeout_ms=2000",
         stats_ms=100,
+        max_context=16384,
     )
     yield srv
     assert stop_server(srv) == 0, srv.stderr_path.read_text()[-3000:]
@@ -314,7 +316,7 @@ def test_disconnect_and_queue_timeout_release_live_media(lean_server: Server) ->
         messages=[
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_uri(7, 96)}}]}
         ],
-        max_tokens=400,  # clamped to the context room (~350): decoding outlasts the 2 s pending timeout
+        max_tokens=16000,  # far longer than the 2 s pending timeout at any CPU speed; cancelled below
         temperature=0,  # greedy: the run is the same every time
         stream=True,
     )
