@@ -57,6 +57,9 @@ class Ops:
     shared_expert_add: Callable[..., torch.Tensor] = norm_ref.shared_expert_add
     # (router logits [N,E], k) -> (topk_idx [N,k] int64, topk_w [N,k] renormalised, logits' dtype)
     moe_route: Callable[..., tuple[torch.Tensor, torch.Tensor]] = moe_ref.route
+    # (x [...,K], weight [N,K]) -> x @ weight.T [...,N] in x's dtype (every projection; a backend
+    # may use its own kernel for few rows, e.g. decode's memory-bound GEMV)
+    linear: Callable[..., torch.Tensor] = torch.nn.functional.linear
 
 
 def _reference() -> Ops:
