@@ -66,8 +66,9 @@ def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int
 
     def consume(i: int, handle: Any) -> None:
         try:
-            for out in handle:
-                stamps[i].extend([time.perf_counter()] * len(out.token_ids))
+            with handle:  # releases the lifetime ticket, as a server does after the response
+                for out in handle:
+                    stamps[i].extend([time.perf_counter()] * len(out.token_ids))
         except BaseException as exc:  # re-raised in the caller's thread
             errors.append(exc)
 
