@@ -68,7 +68,21 @@ def test_model_with_triton_ops_matches_reference(kind: str, kv_dtype: str | None
             rows += list(model.logits(model(batch, kv, states)))
         logits[name] = (torch.cat(rows), [s.clone() for s in states.ssm], [c.clone() for c in states.conv])
     ref, out = logits["reference"], logits["triton"]
+    # fla's chunked prefill (GPU only) multiplies fp32 inputs with TF32 tensor-core dots (10-bit
+    # mantissa, not configurable from outside): its error is ~1e-3, the ieee kernels' ~1e-6
+    tol = 5e-3 if fla_prefill() else 1e-4
     err = ((out[0] - ref[0]).abs().max() / ref[0].abs().max()).item()
-    assert err <= 1e-4, err
+    assert err <= tol, err
     for a, b in zip(out[1] + out[2], ref[1] + ref[2], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def fla_prefill() -> bool:
+    """True when the triton backend's prefill runs fla's kernels (on CUDA with fla-core installed)."""
+    if DEVICE != "cuda":
+        return False
+    try:
+        import fla  # noqa: F401
+    except ImportError:
+        return False
+    return True
