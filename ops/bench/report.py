@@ -12,11 +12,11 @@ def write_json(path: Path, result: dict[str, Any]) -> None:
 
 
 def summary_table(result: dict[str, Any]) -> str:
-    """One line per model: decode tok/s, roofline, eager, HF, TTFT, prefill, MFU, spec, fast path."""
+    """One line per model: decode tok/s, roofline, eager, HF, TTFT, prefill, MFU, spec, int8 KV, fast path."""
     nan = float("nan")
     lines = [
         f"{'model':18} {'bs1':>7} {'bs2':>7} {'bs4':>7} {'bs8':>7} {'roof1':>7} {'eager1':>7} {'hf1':>6} "
-        f"{'ttft':>7} {'pf':>7} {'mfu':>6} {'kern1':>6} {'spec3x':>6} {'fp_err':>7} {'noise':>7} {'fp':>4}"
+        f"{'ttft':>7} {'pf':>7} {'mfu':>6} {'kern1':>6} {'spec3x':>6} {'i8x1':>5} {'fp_err':>7} {'noise':>7} {'fp':>4}"
     ]
     for name, r in result.get("models", {}).items():
         if "error" in r:
@@ -30,12 +30,13 @@ def summary_table(result: dict[str, Any]) -> str:
         ttft = r.get("ttft_ms", {})
         ttft_mid = ttft[sorted(ttft, key=int)[len(ttft) // 2]] if ttft else nan
         spec = r.get("spec", {}).get("speedup_k3_acc100_bs1", nan)
+        int8 = (r.get("int8_kv") or {}).get("decode_vs_model_dtype", {}).get("1", nan)  # int8 / bf16 KV
         lines.append(
             f"{name:18} {d.get('1', nan):7.1f} {d.get('2', nan):7.1f} {d.get('4', nan):7.1f} {d.get('8', nan):7.1f} "
             f"{r.get('roofline_decode_tok_s_bs1', nan):7.1f} {r.get('eager_decode_tok_s_bs1', nan):7.1f} "
             f"{r.get('hf_decode_tok_s_bs1') or nan:6.2f} {ttft_mid:7.1f} "
             f"{r.get('prefill_tok_s_8k', nan):7.0f} {r.get('prefill_mfu_8k', nan):6.3f} "
-            f"{prof.get('kernels_per_step', -1):6d} {spec:6.2f} {fp.get('rel_err_last_logits', nan):7.4f} "
+            f"{prof.get('kernels_per_step', -1):6d} {spec:6.2f} {int8:5.2f} {fp.get('rel_err_last_logits', nan):7.4f} "
             f"{noise:7.4f} {'ok' if fp.get('ok') else ('-' if not fp.get('checked') else 'FAIL'):>4}"
         )
     return "\n".join(lines)

@@ -3,7 +3,7 @@
 Usage (from the repository root):
 
     python ops/bench/run.py --out ops/bench/results [--models qwen3.6-27b,qwen3.6-35b-a3b] [--quick]
-        [--backend triton] [--compile MODELS] [--skip eager,ttft,prefill,spec,hf] [--budget-s 540]
+        [--backend triton] [--compile MODELS] [--skip eager,ttft,prefill,int8,spec,hf] [--budget-s 540]
     python ops/bench/run.py --smoke --out /tmp/x     # tiny models on the CPU, every section, seconds
 
 Per model (model-reference §2.5 shapes; `shapes.py`): bf16 weights drawn on the device, the fast
@@ -133,7 +133,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--quick", action="store_true", help="fewer sizes (512/4k TTFT, batch 1 and 8, k 1/3/5)")
     ap.add_argument("--compile", default="", help="models (comma list) whose torch.compile'd decode is timed")
-    ap.add_argument("--skip", default="", help="sections to leave out: eager,compiled,ttft,prefill,spec,hf")
+    ap.add_argument(
+        "--skip", default="", help="sections to leave out: eager,compiled,ttft,prefill,int8,spec,hf"
+    )
     ap.add_argument("--budget-s", type=float, default=540.0, help="skip later sections past this")
     # child mode: one model in this process (the parent runs each model in its own process)
     ap.add_argument("--one-model", default="", help=argparse.SUPPRESS)
