@@ -3,7 +3,7 @@
 Usage (from the repository root):
 
     python ops/bench/run.py --out ops/bench/results [--models qwen3.6-27b,qwen3.6-35b-a3b] [--quick]
-        [--backend triton] [--compile MODELS] [--skip eager,ttft,prefill,int8,spec,hf] [--budget-s 540]
+        [--backend triton] [--compile MODELS] [--skip eager,ttft,prefill,int8,spec,hf] [--startup MODELS] [--budget-s 540]
     python ops/bench/run.py --smoke --out /tmp/x     # tiny models on the CPU, every section, seconds
 
 Per model (model-reference §2.5 shapes; `shapes.py`): bf16 weights drawn on the device, the fast
@@ -15,6 +15,7 @@ MFU, speculative rows with the oracle drafter and the MTP draft-step cost (`spec
 and matmul peak (`ceilings.py`). Each model runs in its own process; the budget is shared out over
 the models (time one leaves goes to the next); sections past it are skipped and listed. Writes
 `DATE-COMMIT.json` under --out after every section and prints a table last (`report.py`).
+--startup MODELS times a cold and a warm start (fresh processes, one compile cache; `startup.py`).
 --smoke runs the same code paths on tiny dense and MoE configs (float32 on the CPU by default).
 """
 
@@ -41,6 +42,7 @@ from ops.bench.ceilings import GiB, copy_bandwidth_TBps, matmul_peak_TFLOPs  # n
 from ops.bench.engine_runs import EngineSpec  # noqa: E402
 from ops.bench.model_run import ModelArgs, bench_model, sizes_for  # noqa: E402
 from ops.bench.report import summary_table, write_json  # noqa: E402
+from ops.bench.startup import startup_rows  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -136,6 +138,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--skip", default="", help="sections to leave out: eager,compiled,ttft,prefill,int8,spec,hf"
     )
+    ap.add_argument("--startup", default="", help="models (comma list) timed for a cold and a warm start")
     ap.add_argument("--budget-s", type=float, default=540.0, help="skip later sections past this")
     # child mode: one model in this process (the parent runs each model in its own process)
     ap.add_argument("--one-model", default="", help=argparse.SUPPRESS)
@@ -203,6 +206,16 @@ def main() -> None:
         result["models"][name] = run_child(name, args, bw, peak, share)
         if "error" in result["models"][name]:
             log(f"{name}: {result['models'][name]['error']}")
+        write_json(path, result)
+    for name in filter(None, args.startup.split(",")):
+        if budget.left() < 120:
+            result.setdefault("skipped", []).append(f"startup {name}")
+            continue
+        log(f"{name}: cold and warm start")
+        row = startup_rows(name, args.device, args.dtype, args.backend, bool(args.compile), args.smoke,
+                           timeout_s=max(budget.left(), 60))  # fmt: skip
+        result.setdefault("startup", {})[name] = row
+        log(f"{name}: warm start ready in {row.get('warm_ready_s', float('nan')):.1f} s")
         write_json(path, result)
     result["compile_cache"] = cache.report()
     result["wall_s"] = time.perf_counter() - budget.t0
