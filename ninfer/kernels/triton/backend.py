@@ -5,7 +5,9 @@ Per phase (what `ninfer.model` calls):
   `conv_step`, in place on the slot pools (no gather/scatter, no host sync).
 * GDN prefill: `fla.ops.gated_delta_rule.chunk_gated_delta_rule` (fla-core, when importable;
   else the torch reference chunked rule, logged once) with the torch conv.
-* Attention: Triton `paged_attention` for every q (float or int8 pools); K/V writes in one Triton
+* Attention: Triton `paged_attention` for decode / verify / multi-sequence calls (float or int8
+  pools); a single sequence's chunk of >= 64 tokens gathers its pages once and runs torch SDPA
+  (flash) with a lower-right causal mask (`prefill_attention`); K/V writes in one Triton
   launch for float pools (int8: quantised on write by torch ops).
 * MoE experts: for <= 64 (token, expert) rows (decode, verify) two Triton GEMV launches
   (`moe.moe_experts_small`); above, `torch._grouped_mm` after a sort by expert when it runs on
@@ -28,7 +30,7 @@ from ninfer.kernels import conv_ref, gdn_ref, moe_ref
 from ninfer.kernels.dispatch import Ops
 from ninfer.kernels.moe_grouped import moe_experts_grouped
 from ninfer.kernels.triton import library as lib
-from ninfer.kernels.triton import moe
+from ninfer.kernels.triton import moe, prefill_attention
 from ninfer.kernels.triton.gdn_decode import recurrent_gated_delta_rule as triton_recurrent
 from ninfer.kernels.triton.kv_int8 import write_kv_int8
 
@@ -119,6 +121,11 @@ def _paged_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    if prefill_attention.applies(q, max_kv_len):  # long single-sequence chunk: gather + flash SDPA
+        assert max_kv_len is not None
+        return prefill_attention.prefill_attention(
+            q, k_pool, v_pool, page_table, max_kv_len, scale, k_scale, v_scale
+        )
     return lib.paged_attention(
         q.contiguous(), k_pool, v_pool, page_table, cache_lens, scale, k_scale, v_scale
     )
