@@ -27,9 +27,13 @@ class DraftHead:
         ids = token_ids.to(torch.int64)
         if int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != n:
             raise EngineConfigError(f"lm_head_draft: token_ids must be unique ids in [0, {vocab_size})")
-        self.token_ids = ids  # [N] int64
+        if n > 1 and not bool((ids[1:] > ids[:-1]).all()):  # ascending: argmax ties go to the lowest id
+            ids, order = ids.sort()
+            weight = weight[order.to(weight.device)]
+        self.token_ids = ids  # [N] int64, ascending
         self.weight = weight  # [N, H]
         self.vocab_size = vocab_size
+        self._limits: dict[int, torch.Tensor] = {}  # vocab_limit -> columns at or past it [n] int64
 
     @classmethod
     def from_tensors(
@@ -52,6 +56,19 @@ class DraftHead:
     @property
     def size(self) -> int:
         return int(self.token_ids.shape[0])
+
+    def greedy(self, hidden: torch.Tensor, vocab_limit: int | None = None) -> torch.Tensor:
+        """hidden: [B, H] -> [B] int64 the argmax of `logits` (ids >= vocab_limit excluded) without
+        the full-vocabulary row: ids are ascending, so ties resolve to the lowest id as there."""
+        small = (hidden @ self.weight.T).float()  # [B, N]
+        if vocab_limit is not None:
+            cols = self._limits.get(vocab_limit)
+            if cols is None:
+                cols = torch.nonzero(self.token_ids >= vocab_limit).view(-1)
+                self._limits[vocab_limit] = cols
+            if cols.numel():
+                small.index_fill_(1, cols, float("-inf"))
+        return self.token_ids[small.argmax(-1)]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [B, H] -> float32 logits [B, V], -inf outside the reduced ids."""

@@ -9,17 +9,24 @@ yet (their next token was not known when the trunk ran them), with their tokens 
 Invariant: for a slot whose state covers n tokens, MTP entries [0, start) are valid and the pending
 rows are positions start..n-1. Slot copies and resets (checkpoints, restores, full resets) mirror
 the state pool's, so every retained state carries what the drafter needs to continue after it,
-and a reused prefix needs no rebuild.
+and a reused prefix needs no rebuild. Pending hidden rows are the drafter's own device copies
+(never views of a caller's buffer), shared by reference between slots and never written in place.
+
+Plain greedy rounds replay one captured graph of the whole proposal (`draft_graphs.py`); the eager
+steps stay the reference and serve sampled rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 
+from ninfer.engine.graphs import CaptureBackend, GraphStats
 from ninfer.engine.plan import DecodeRow, SlotOp
+from ninfer.engine.spec.draft_graphs import DraftGraphs, DraftLane
 from ninfer.engine.spec.draft_head import DraftHead
 from ninfer.engine.spec.rejection import plain_greedy, propose
 from ninfer.model.cache import KVPool, make_batch
@@ -39,7 +46,7 @@ class Pending:
 
     start: int
     tokens: tuple[int, ...] = ()  # the tokens fed at those positions
-    hidden: torch.Tensor | None = None  # [m, H] their trunk hidden rows (after the final norm)
+    hidden: torch.Tensor | None = None  # [m, H] their trunk hidden rows (after the final norm), owned
     rope: torch.Tensor | None = None  # [3, m] their rotary positions (T/H/W streams, as the trunk's)
 
     @property
@@ -56,8 +63,9 @@ def rope_positions(firsts: list[int], q: int, device: torch.device) -> torch.Ten
     return pos.unsqueeze(0).expand(3, -1, -1).contiguous().to(device)
 
 
-def _cat(a: torch.Tensor | None, b: torch.Tensor, dim: int) -> torch.Tensor:
-    return b if a is None else torch.cat([a, b], dim=dim)
+def _on(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """The device current while capturing (the calling thread may start on another GPU)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def mask_vocab(logits: torch.Tensor, vocab_limit: int | None) -> torch.Tensor:
@@ -80,6 +88,8 @@ class MTPDrafter:
         device: torch.device,
         head: DraftHead | None = None,
         vocab_limit: int | None = None,
+        draft_tokens: int | None = None,
+        max_batch: int = 1,
     ) -> None:
         if getattr(model, "mtp", None) is None:
             raise ValueError("the model has no MTP head loaded")
@@ -90,6 +100,29 @@ class MTPDrafter:
         self.device = device
         self.head = head
         self.vocab_limit = vocab_limit
+        self.draft_tokens = draft_tokens  # the k the draft graphs are captured for
+        self.max_batch = max_batch
+        self.graphs: DraftGraphs | None = None
+        self.graph_stats: GraphStats | None = None
+
+    def prepare(
+        self, backend: CaptureBackend | None, pool: object | None = None, sizes: list[int] | None = None
+    ) -> GraphStats | None:
+        """Capture the greedy proposal graphs (batch 1..max_batch, or `sizes`) before any sequence
+        exists: warm-up writes scratch MTP K/V into page 0. Idempotent; a failed capture leaves
+        drafting eager and says why in `graph_stats`."""
+        if self.graph_stats is not None or backend is None or self.draft_tokens is None:
+            return self.graph_stats
+        dtype = self.mtp.fc.weight.dtype
+        graphs = DraftGraphs(
+            self.mtp, self.kv, self._greedy, self.draft_tokens, self.max_batch, self.max_pages,
+            self.mtp.config.hidden_size, dtype, self.device, backend,
+        )  # fmt: skip
+        with torch.inference_mode(), _on(self.device):
+            self.graph_stats = graphs.capture(sizes, pool)
+        if self.graph_stats.error is None:
+            self.graphs = graphs
+        return self.graph_stats
 
     # ----- state mirroring -----
     def slot_op(self, op: SlotOp) -> None:
@@ -114,8 +147,9 @@ class MTPDrafter:
                 f"MTP drafter out of step on slot {slot}: pending ends at {p.end}, fed from {start}"
             )
         toks = p.tokens + tuple(tokens)
-        hid = _cat(p.hidden, hidden, 0)  # [m + q, H]
-        pos = _cat(p.rope, rope, 1)  # [3, m + q]
+        # `hidden` may view a static graph buffer that the next replay overwrites: keep a copy
+        hid = hidden.clone() if p.hidden is None else torch.cat([p.hidden, hidden])  # [m + q, H]
+        pos = rope.clone() if p.rope is None else torch.cat([p.rope, rope], dim=1)  # [3, m + q]
         rows = len(toks) - 1
         if not catch_up or rows == 0:
             self.pending[slot] = Pending(p.start, toks, hid, pos)
@@ -137,6 +171,31 @@ class MTPDrafter:
         """MTP hidden [B, H] -> float32 draft logits [B, V] (-inf outside a reduced head)."""
         logits = self.head.logits(x) if self.head is not None else self.mtp.logits(x)
         return mask_vocab(logits, self.vocab_limit)
+
+    def _greedy(self, x: torch.Tensor) -> torch.Tensor:
+        """MTP hidden [B, H] -> [B] int64 greedy drafts (device ops only, graph-capturable)."""
+        if self.head is not None:
+            return self.head.greedy(x, self.vocab_limit)
+        return self._logits(x).argmax(-1)
+
+    def _graph_lanes(self, rows: list[DecodeRow], k: int) -> list[DraftLane] | None:
+        """The rows as draft-graph lanes, or None when the eager path must run (a sampled or
+        penalized row, another k, no graph of this size, more pending rows than k + 1)."""
+        g = self.graphs
+        if g is None or k != g.k or not g.has(len(rows)):
+            return None
+        lanes = []
+        for r in rows:
+            p = self.pending[r.slot]
+            if not plain_greedy(r.sampler) or p.end != r.position or p.hidden is None or p.rope is None:
+                return None
+            lane = DraftLane(
+                (*p.tokens[1:], r.token), p.start, r.position, r.rope_delta, r.pages, p.hidden, p.rope
+            )
+            if not g.fits(lane):
+                return None
+            lanes.append(lane)
+        return lanes
 
     def _first_step(self, rows: list[DecodeRow]) -> torch.Tensor:
         """Write every pending entry (the newest committed token closes the last one). -> [B, H]."""
@@ -167,7 +226,15 @@ class MTPDrafter:
         return torch.stack(out)  # type: ignore[arg-type]
 
     def propose(self, rows: list[DecodeRow], k: int) -> list[Proposal]:
-        """k drafts per row: step 1 from the trunk's hidden rows, steps 2..k from the MTP's own output."""
+        """k drafts per row: step 1 from the trunk's hidden rows, steps 2..k from the MTP's own output.
+        All plain greedy rows with at most k + 1 pending rows: one draft-graph replay; otherwise
+        the eager steps below (the reference, and the path of sampled rows)."""
+        lanes = self._graph_lanes(rows, k)
+        if lanes is not None and self.graphs is not None:
+            drafts_g = self.graphs.run(lanes)
+            for r in rows:
+                self.pending[r.slot] = Pending(r.position)
+            return [Proposal(d, None) for d in drafts_g]
         x = self._first_step(rows)  # [B, H]
         drafts: list[list[int]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
