@@ -6,6 +6,7 @@ import torch
 
 from ninfer.engine.api import EngineConfigError
 from ninfer.engine.config import EngineConfig
+from ninfer.engine.graphs import CaptureBackend, CudaCapture
 from ninfer.engine.slots import SlotLayout
 from ninfer.engine.spec.decoder import Drafter, SpecDecoder
 from ninfer.engine.spec.dflash import DFlashEngineDrafter
@@ -70,6 +71,11 @@ def draft_slots(config: EngineConfig) -> int:
     return SNAPSHOT_SLOTS if config.spec_method is not None else 0
 
 
+def draft_capture(config: EngineConfig, device: torch.device) -> CaptureBackend | None:
+    """How the MTP drafter's proposal graphs are captured: CUDA graphs on a GPU unless turned off."""
+    return CudaCapture(device) if device.type == "cuda" and not config.no_cuda_graph else None
+
+
 def build_spec(
     config: EngineConfig,
     model: torch.nn.Module,
@@ -78,8 +84,12 @@ def build_spec(
     layout: SlotLayout,
     max_pages: int,
     draft_head: DraftHead | None = None,
+    capture: CaptureBackend | None = None,
+    graph_pool: object | None = None,
 ) -> SpecDecoder | None:
-    """The decoder for `config.spec_method`, or None when speculation is off."""
+    """The decoder for `config.spec_method`, or None when speculation is off. The MTP drafter's
+    proposal graphs are captured here, before any sequence exists (`capture`: the backend, default
+    `draft_capture`; `graph_pool`: a memory pool to share, e.g. the trunk graphs')."""
     check_spec(config, model, draft_head)
     if config.spec_method is None:
         return None
@@ -97,9 +107,12 @@ def build_spec(
     elif config.spec_method == "dflash":
         drafter = DFlashEngineDrafter(model, model.dflash, kv.num_pages, dtype, device, config.vocab_limit)
     else:
-        drafter = MTPDrafter(
-            model, kv.num_pages, layout.num_slots, max_pages, dtype, device, draft_head, config.vocab_limit
-        )
+        mtp = MTPDrafter(
+            model, kv.num_pages, layout.num_slots, max_pages, dtype, device, draft_head, config.vocab_limit,
+            draft_tokens=config.draft_tokens, max_batch=layout.lanes,
+        )  # fmt: skip
+        mtp.prepare(capture if capture is not None else draft_capture(config, device), graph_pool)
+        drafter = mtp
     return SpecDecoder(
         model, kv, states, drafter, config.draft_tokens, snapshot, max_pages, device, config.vocab_limit
     )
