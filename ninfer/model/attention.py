@@ -9,6 +9,9 @@ from ninfer.kernels.dispatch import Ops
 from ninfer.model.cache import ForwardBatch, KVLayer
 from ninfer.model.config import TextConfig
 from ninfer.model.norms import RMSNorm1p
+from ninfer.model.projections import fuse_linears, linear, project
+
+QKV_PROJ = ("q_proj", "k_proj", "v_proj")  # row order of the fused weight `qkv_proj`
 
 
 class GatedAttention(nn.Module):
@@ -37,11 +40,12 @@ class GatedAttention(nn.Module):
     ) -> torch.Tensor:
         """x: [B, q, H] (normed); cos/sin: [B, q, rot]; kv pools: [P, 64, nkv, hd]. -> [B, q, H]"""
         b, q, _ = x.shape
-        qg = self.q_proj(x).view(b, q, self.nh, 2 * self.hd)
+        qg, kh, vh = project(self, x, "qkv_proj", QKV_PROJ)  # [B, q, 2 nh hd], [B, q, nkv hd] x 2
+        qg = qg.view(b, q, self.nh, 2 * self.hd)
         qh, gate = qg[..., : self.hd], qg[..., self.hd :]  # strided views [B, q, nh, hd]
         qh = self.q_norm.rope(qh, cos, sin)  # norm + rope: [B, q, nh, hd]
-        kh = self.k_norm.rope(self.k_proj(x).view(b, q, self.nkv, self.hd), cos, sin)
-        vh = self.v_proj(x).view(b, q, self.nkv, self.hd)
+        kh = self.k_norm.rope(kh.view(b, q, self.nkv, self.hd), cos, sin)
+        vh = vh.view(b, q, self.nkv, self.hd)  # a strided view once fused
         self.ops.write_kv(
             kv.k, kv.v, kh, vh, batch.page_table, batch.cache_lens, k_scale=kv.k_scale, v_scale=kv.v_scale
         )
@@ -56,4 +60,8 @@ class GatedAttention(nn.Module):
             k_scale=kv.k_scale,
             v_scale=kv.v_scale,
         )
-        return self.o_proj(self.ops.sigmoid_gate(o, gate))  # o * sigmoid(gate): [B, q, nh*hd]
+        return linear(self.ops, self.ops.sigmoid_gate(o, gate), self.o_proj.weight)  # o*sigmoid(gate)
+
+    def fuse_projections(self) -> None:
+        """q_proj | k_proj | v_proj -> one weight `qkv_proj` [2 nh hd + 2 nkv hd, H]."""
+        fuse_linears(self, "qkv_proj", QKV_PROJ)

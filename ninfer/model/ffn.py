@@ -8,6 +8,10 @@ from torch import nn
 from ninfer.kernels import norm_ref
 from ninfer.kernels.dispatch import Ops
 from ninfer.model.config import TextConfig
+from ninfer.model.projections import fuse_linears, linear, project
+
+GATE_UP = ("gate_proj", "up_proj")  # row order of the fused weight `gate_up_proj`
+ROUTER = ("gate", "shared_expert_gate")  # row order of the fused weight `router`
 
 
 class MLP(nn.Module):
@@ -20,9 +24,14 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., H]
         fn = norm_ref.silu_mul if self.ops is None else self.ops.silu_mul
-        return self.down_proj(fn(self.gate_proj(x), self.up_proj(x)))
+        gate, up = project(self, x, "gate_up_proj", GATE_UP)  # [..., I] each (views once fused)
+        return linear(self.ops, fn(gate, up), self.down_proj.weight)
+
+    def fuse_projections(self) -> None:
+        """gate_proj | up_proj -> one weight `gate_up_proj` [2 I, H]."""
+        fuse_linears(self, "gate_up_proj", GATE_UP)
 
 
 class Experts(nn.Module):
@@ -51,9 +60,16 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, q, H]
         shape = x.shape
         xf = x.reshape(-1, shape[-1])  # [N, H]
-        # renormalised top-k of the fp32 softmax of the router logits [N, E]: idx [N, k], w model dtype
-        idx, w = self.ops.moe_route(self.gate(xf), self.top_k)
+        # router logits [N, E] and the shared expert's gate logit [N, 1] (views once fused)
+        logits, shared_logit = project(self, xf, "router", ROUTER)
+        # renormalised top-k of the fp32 softmax of the router logits: idx [N, k], w model dtype
+        idx, w = self.ops.moe_route(logits, self.top_k)
         routed = self.ops.moe_experts(xf, self.experts.gate_up_proj, self.experts.down_proj, idx, w)
         # routed + sigmoid(shared gate) * shared expert
-        out = self.ops.shared_expert_add(routed, self.shared_expert_gate(xf), self.shared_expert(xf))
+        out = self.ops.shared_expert_add(routed, shared_logit, self.shared_expert(xf))
         return out.reshape(shape)
+
+    def fuse_projections(self) -> None:
+        """gate | shared_expert_gate -> one weight `router` [E + 1, H]; the shared expert's gate | up."""
+        fuse_linears(self, "router", ROUTER)
+        self.shared_expert.fuse_projections()

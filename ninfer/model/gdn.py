@@ -11,10 +11,13 @@ from ninfer.kernels.dispatch import Ops
 from ninfer.kernels.gdn_ref import gdn_gates
 from ninfer.model.config import TextConfig
 from ninfer.model.norms import GatedRMSNorm
+from ninfer.model.projections import fuse_linears, linear, project
 
 # calls with at most this many tokens per sequence (decode, speculative verify) run the in-place
 # per-token step ops on the slot pools; longer ones (prefill) the chunked rule
 STEP_MAX_TOKENS = 16
+# the input projections, in the row order of their fused weight `in_proj_qkvzba`
+IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 
 
 @dataclass(frozen=True)
@@ -52,16 +55,20 @@ class GatedDeltaNet(nn.Module):
     ) -> torch.Tensor:
         """x: [B, q, H] (normed); conv_pool: [S, C, K-1]; ssm_pool: [S, nv, dk, dv] fp32."""
         b, q, _ = x.shape
-        qkv = self.in_proj_qkv(x)  # [B, q, C] flat [q | k | v]
-        z = self.in_proj_z(x).reshape(b, q, self.nv, self.dv)
-        b_raw = self.in_proj_b(x)  # [B, q, nv] model dtype
-        a_raw = self.in_proj_a(x)
+        # qkv [B, q, C] flat [q | k | v]; z [B, q, value_dim]; b_raw, a_raw [B, q, nv] model dtype
+        # (views of one [B, q, C + value_dim + 2 nv] output once fused)
+        qkv, z, b_raw, a_raw = project(self, x, "in_proj_qkvzba", IN_PROJ)
+        z = z.view(b, q, self.nv, self.dv)
         if q <= STEP_MAX_TOKENS or slots.per_token:
             o = self._step(qkv, a_raw, b_raw, conv_pool, ssm_pool, slots)
         else:
             o = self._chunked(qkv, a_raw, b_raw, conv_pool, ssm_pool, slots.start)
         y = self.norm(o, z).reshape(b, q, self.value_dim)  # o: [B, q, nv, dv] model dtype
-        return self.out_proj(y)
+        return linear(self.ops, y, self.out_proj.weight)
+
+    def fuse_projections(self) -> None:
+        """in_proj_qkv | z | b | a -> one weight `in_proj_qkvzba` [C + value_dim + 2 nv, H]."""
+        fuse_linears(self, "in_proj_qkvzba", IN_PROJ)
 
     def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[B, q, C] -> q, k [B, q, nk, dk], v [B, q, nv, dv] (views)."""

@@ -34,23 +34,40 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm1p(config.hidden_size, config.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm1p(config.hidden_size, config.rms_norm_eps, ops)
 
+    def input_norm(self, x: torch.Tensor, r: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's input x + r (r: the previous layer's deferred FFN output, None for none) and
+        its norm, in one op. -> (x + r, input_layernorm(x + r)), both [B, q, H]."""
+        if r is None:
+            return x, self.input_layernorm(x)
+        return self.input_layernorm.add(x, r)
+
     def forward_attention(
         self,
         x: torch.Tensor,
+        y: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv: KVLayer,
         batch: ForwardBatch,
-    ) -> torch.Tensor:
-        h, y = self.post_attention_layernorm.add(
-            x, self.self_attn(self.input_layernorm(x), cos, sin, kv, batch)
-        )
-        return h + self.mlp(y)  # h = x + mixer(norm(x)), y = norm(h)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the layer's input [B, q, H], y = input_norm of x. -> (h, f): the layer's output is h + f,
+        added by whatever normalises it next (`input_norm` of the next layer, the final norm)."""
+        h, y = self.post_attention_layernorm.add(x, self.self_attn(y, cos, sin, kv, batch))
+        return h, self.mlp(y)  # h = x + mixer(norm(x)), f = mlp(norm(h))
 
     def forward_linear(
-        self, x: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, slots: GDNSlots
-    ) -> torch.Tensor:
-        h, y = self.post_attention_layernorm.add(
-            x, self.linear_attn(self.input_layernorm(x), conv_pool, ssm_pool, slots)
-        )
-        return h + self.mlp(y)
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        conv_pool: torch.Tensor,
+        ssm_pool: torch.Tensor,
+        slots: GDNSlots,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As `forward_attention`, with the GDN mixer on the caller's slot pools."""
+        h, y = self.post_attention_layernorm.add(x, self.linear_attn(y, conv_pool, ssm_pool, slots))
+        return h, self.mlp(y)
+
+    def fuse_projections(self) -> None:
+        """Concatenate the mixer's and the FFN's input projections (see `Qwen35Model.fuse_projections`)."""
+        (self.self_attn if self.kind == FULL else self.linear_attn).fuse_projections()
+        self.mlp.fuse_projections()

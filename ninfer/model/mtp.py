@@ -10,6 +10,7 @@ from ninfer.model.cache import ForwardBatch, KVPool
 from ninfer.model.config import FULL, TextConfig
 from ninfer.model.layers import DecoderLayer
 from ninfer.model.norms import RMSNorm1p
+from ninfer.model.projections import linear
 from ninfer.model.rope import MRotaryEmbedding
 
 
@@ -23,6 +24,7 @@ class MTPHead(nn.Module):
                 f"mtp_num_hidden_layers={config.mtp_num_hidden_layers}: only one MTP layer is supported"
             )
         self.config = config
+        self.ops = ops
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=False)
         self.pre_fc_norm_embedding = RMSNorm1p(h, config.rms_norm_eps)
@@ -41,11 +43,17 @@ class MTPHead(nn.Module):
         if not self._shared:
             raise RuntimeError("MTPHead is not bound to a trunk (use load_mtp)")
         e = self.pre_fc_norm_embedding(self._shared["embed"](batch.input_ids))
-        x = self.fc(torch.cat([e, self.pre_fc_norm_hidden(hidden)], dim=-1))
+        x = linear(self.ops, torch.cat([e, self.pre_fc_norm_hidden(hidden)], dim=-1), self.fc.weight)
         cos, sin = self._shared["rotary"](batch.positions, x.dtype)
-        x = self.layers[0].forward_attention(x, cos, sin, kv.layer(0), batch)
-        return self.norm(x)
+        layer = self.layers[0]
+        x, y = layer.input_norm(x, None)
+        h, f = layer.forward_attention(x, y, cos, sin, kv.layer(0), batch)
+        return self.norm.add(h, f)[1]  # norm(h + f)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """MTP hidden [..., H] -> float32 logits through the shared lm_head."""
-        return self._shared["lm_head"](hidden).float()
+        return linear(self.ops, hidden, self._shared["lm_head"].weight).float()
+
+    def fuse_projections(self) -> None:
+        """Fuse the decoder layer's projections (see `Qwen35Model.fuse_projections`)."""
+        self.layers[0].fuse_projections()

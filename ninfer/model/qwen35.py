@@ -13,6 +13,7 @@ from ninfer.model.config import FULL, TextConfig
 from ninfer.model.gdn import GDNSlots
 from ninfer.model.layers import DecoderLayer
 from ninfer.model.norms import RMSNorm1p
+from ninfer.model.projections import linear
 from ninfer.model.rope import MRotaryEmbedding
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class Qwen35Model(nn.Module):
         self.ops = ops or get_ops("cpu")
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, t, self.ops) for t in config.layer_types)
-        self.norm = RMSNorm1p(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm1p(config.hidden_size, config.rms_norm_eps, self.ops)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         # pool index of each layer: a-th attention layer / l-th GDN layer
         self.pool_index = [
@@ -64,17 +65,33 @@ class Qwen35Model(nn.Module):
         cos, sin = self.rotary(batch.positions, x.dtype)  # [B, q, rot]
         slots = GDNSlots(batch.slots, batch.gdn_write_slots(), batch.write_slots is not None)
         captured: dict[int, torch.Tensor] = {}
+        f: torch.Tensor | None = None  # the previous layer's FFN output, added by the next norm
         for i, (layer, j) in enumerate(zip(self.layers, self.pool_index, strict=True)):
+            x, y = layer.input_norm(x, f)  # x: layer i-1's output [B, q, H], y: its norm
+            if i - 1 in self.capture_layers:
+                captured[i - 1] = x  # [B, q, H] the layer's output (before the final norm)
             if layer.kind == FULL:
-                x = layer.forward_attention(x, cos, sin, kv.layer(j), batch)
+                x, f = layer.forward_attention(x, y, cos, sin, kv.layer(j), batch)
             else:
-                x = layer.forward_linear(x, states.conv[j], states.ssm[j], slots)
-            if i in self.capture_layers:
-                captured[i] = x  # [B, q, H] the layer's output (before the final norm)
+                x, f = layer.forward_linear(x, y, states.conv[j], states.ssm[j], slots)
+        assert f is not None, "a model has at least one layer"
+        x, y = self.norm.add(x, f)
+        if len(self.layers) - 1 in self.capture_layers:
+            captured[len(self.layers) - 1] = x
         if self.capture_layers:
             self.captured = captured
-        return self.norm(x)
+        return y
+
+    def fuse_projections(self) -> None:
+        """Concatenate, layer by layer, the projections that read one input into one weight each (GDN
+        in_proj_qkv|z|b|a, attention q|k|v, MLP and shared-expert gate|up, MoE router|shared gate),
+        freeing the originals as it goes; the MTP head's layer too. Outputs are unchanged (one GEMM
+        per group instead of several; views split it). state_dict keeps the canonical names."""
+        for layer in self.layers:
+            layer.fuse_projections()
+        if self.mtp is not None:
+            self.mtp.fuse_projections()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> float32 logits [..., vocab] (lm_head in the model dtype, then cast)."""
-        return self.lm_head(hidden).float()
+        return linear(self.ops, hidden, self.lm_head.weight).float()

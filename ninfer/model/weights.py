@@ -49,15 +49,25 @@ def _assign(
     module.load_state_dict(sd, strict=True, assign=True)
 
 
+def fuse_default(device: torch.device | str) -> bool:
+    """Whether a model on `device` runs with fused projections: on CUDA (fewer, larger GEMMs per
+    decode layer); not on the CPU, where loads map the artifact's tensors without copying them."""
+    return torch.device(device).type == "cuda"
+
+
 def load_model(
     config: TextConfig,
     tensors: Mapping[str, torch.Tensor],
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     ops: Ops | None = None,
+    fuse: bool | None = None,
 ) -> Qwen35Model:
     """Build `Qwen35Model` from canonical names (`model.*`, `lm_head.weight`); every tensor is cast to `dtype`
-    (as transformers does). Tensors named `mtp.*`, if present, become the MTP head (`load_mtp`)."""
+    (as transformers does). Tensors named `mtp.*`, if present, become the MTP head (`load_mtp`).
+
+    fuse: concatenate the projections that read one input (`Qwen35Model.fuse_projections`);
+    None = on CUDA only (a CPU load keeps the tensors it was given, e.g. mmapped, uncopied)."""
     device = torch.device(device)
     ops = ops or get_ops(device.type)
     text = {k: v for k, v in tensors.items() if not k.startswith(MTP_PREFIX)}
@@ -67,8 +77,10 @@ def load_model(
     _assign(model, text, _canonical_to_param, "text model", dtype, device)
     model.init_buffers(device)
     model.eval().requires_grad_(False)
+    if fuse_default(device) if fuse is None else fuse:
+        model.fuse_projections()
     if mtp:
-        load_mtp(config, mtp, model, dtype, device)
+        load_mtp(config, mtp, model, dtype, device, fuse)
     return model
 
 
@@ -78,8 +90,10 @@ def load_mtp(
     model: Qwen35Model,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    fuse: bool | None = None,
 ) -> MTPHead:
-    """Build the MTP head from `mtp.*` tensors, bind it to `model`'s embedding/lm_head, set `model.mtp`."""
+    """Build the MTP head from `mtp.*` tensors, bind it to `model`'s embedding/lm_head, set `model.mtp`;
+    fuse its projections as `load_model` does (None = on CUDA only)."""
     others = sorted(k for k in tensors if not k.startswith(MTP_PREFIX))
     if others:
         raise WeightError(f"MTP weights must be named mtp.*; got {others[:8]}")
@@ -87,6 +101,8 @@ def load_mtp(
         head = MTPHead(config, model.ops)
     _assign(head, tensors, lambda k: k[len(MTP_PREFIX) :], "MTP head", dtype, torch.device(device))
     head.eval().requires_grad_(False)
+    if fuse_default(device) if fuse is None else fuse:
+        head.fuse_projections()
     assert model.rotary is not None
     head.bind(model.embed_tokens, model.lm_head, model.rotary)
     model.mtp = head
