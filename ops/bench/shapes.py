@@ -10,6 +10,7 @@ from ninfer.kernels.dispatch import get_ops
 from ninfer.model.config import TextConfig
 from ninfer.model.mtp import MTPHead
 from ninfer.model.qwen35 import Qwen35Model
+from ninfer.model.weights import fuse_default
 
 # Text-config shapes of the released checkpoints (model-reference §2.5).
 _COMMON: dict[str, Any] = dict(
@@ -118,6 +119,8 @@ def build_model(shape: dict[str, Any], backend: str, device: str, dtype: torch.d
     init_random_(model, gen)
     model.init_buffers(device)
     model.eval().requires_grad_(False)
+    if fuse_default(device):  # as the engine's loader does (fewer, larger GEMMs per layer)
+        model.fuse_projections()
     return model
 
 
@@ -130,6 +133,8 @@ def attach_mtp(model: Qwen35Model, device: str, dtype: torch.dtype) -> MTPHead:
     assert model.rotary is not None
     head.bind(model.embed_tokens, model.lm_head, model.rotary)
     head.eval().requires_grad_(False)
+    if fuse_default(device):
+        head.fuse_projections()
     model.mtp = head
     return head
 
