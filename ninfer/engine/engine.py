@@ -102,7 +102,7 @@ class Engine:
             self.device,
             config.vocab_limit,
             max_batch=config.max_concurrency,
-            cuda_graphs=not config.no_cuda_graph and self.spec is None,  # spec rounds run eagerly
+            cuda_graphs=not config.no_cuda_graph,  # with --spec: decode and verify graphs
             compile=config.compile,
             spec=self.spec,
             media=self.media,

@@ -1,4 +1,4 @@
-"""CUDA graphs of the whole decode step, one per exact batch size, over one-copy static inputs."""
+"""CUDA graphs of the whole decode and verify steps, one per exact (batch size, q), over one-copy static inputs."""
 
 from __future__ import annotations
 
@@ -14,14 +14,32 @@ from ninfer.model.cache import ForwardBatch
 
 log = logging.getLogger("ninfer.engine.graphs")
 
-StepFn = Callable[[ForwardBatch], torch.Tensor]  # batch -> float32 logits [B, V], padded ids masked
+# batch -> (hidden [B, q, H], float32 logits [B, q, V] with the padded ids masked)
+StepFn = Callable[[ForwardBatch], tuple[torch.Tensor, torch.Tensor]]
 
 
 # ----------------------------------------------------------------------------- packed batches
-def packed_len(b: int, q: int, max_pages: int) -> int:
+@dataclass
+class StepRows:
+    """The input of one forward as plain lists: B rows of q tokens each."""
+
+    tokens: list[list[int]]  # [B][q]
+    starts: list[int]  # [B] tokens already cached (the first position of each row)
+    slots: list[int]  # [B] GDN slot read (and, without `writes`, overwritten)
+    pages: list[list[int]]  # [B][<= max_pages] KV pages of each row
+    offsets: list[int] | None = None  # [B] added to the positions (a multimodal rope_delta)
+    writes: list[list[int]] | None = None  # [B][q] slot receiving the GDN state after token t
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.tokens), len(self.tokens[0])
+
+
+def packed_len(b: int, q: int, max_pages: int, writes: bool = False) -> int:
     """int64 words of one packed batch: ids B*q | positions 3*B*q | slots B | cache_lens B |
-    page table B*max_pages int32 (two per word, the last word half used when B*max_pages is odd)."""
-    return 4 * b * q + 2 * b + -(-b * max_pages // 2)
+    [write slots B*q] | page table B*max_pages int32 (two per word, the last word half used when
+    B*max_pages is odd)."""
+    return 4 * b * q + 2 * b + (b * q if writes else 0) + -(-b * max_pages // 2)
 
 
 def pack(
@@ -32,10 +50,12 @@ def pack(
     pages: Sequence[Sequence[int]],
     max_pages: int,
     offsets: Sequence[int] | None = None,
+    writes: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:
     """Write a batch of B rows of q tokens into the flat int64 host buffer `out` [packed_len];
     page-table rows are right-padded with -1. `offsets` (per row, e.g. a multimodal rope_delta) are
-    added to the positions. Returns `out`."""
+    added to the positions; `writes` ([B][q] slots, see `ForwardBatch.write_slots`) are packed
+    before the page table. Returns `out`."""
     b, q = len(tokens), len(tokens[0])
     n = b * q
     out[:n] = torch.tensor(tokens, dtype=torch.int64).view(-1)
@@ -44,7 +64,14 @@ def pack(
     out[n : 4 * n].view(3, b, q)[:] = first[:, None] + torch.arange(q)  # [3, B, q], equal streams
     out[4 * n : 4 * n + b] = torch.tensor(slots, dtype=torch.int64)
     out[4 * n + b : 4 * n + 2 * b] = lens
-    table = out[4 * n + 2 * b :].view(torch.int32)[: b * max_pages].view(b, max_pages)
+    at = 4 * n + 2 * b
+    if writes is not None:
+        w = torch.tensor(writes, dtype=torch.int64)
+        if tuple(w.shape) != (b, q):
+            raise ValueError(f"writes must be [B, q] = {(b, q)}, got {tuple(w.shape)}")
+        out[at : at + n] = w.view(-1)
+        at += n
+    table = out[at:].view(torch.int32)[: b * max_pages].view(b, max_pages)
     table.fill_(-1)
     for i, p in enumerate(pages):
         if len(p) > max_pages:
@@ -53,16 +80,30 @@ def pack(
     return out
 
 
-def unpack(flat: torch.Tensor, b: int, q: int, max_pages: int, max_kv_len: int | None = None) -> ForwardBatch:
+def pack_rows(out: torch.Tensor, rows: StepRows, max_pages: int) -> torch.Tensor:
+    """`pack` of a `StepRows` (out: [packed_len(B, q, max_pages, rows.writes is not None)])."""
+    return pack(out, rows.tokens, rows.starts, rows.slots, rows.pages, max_pages, rows.offsets, rows.writes)
+
+
+def unpack(
+    flat: torch.Tensor,
+    b: int,
+    q: int,
+    max_pages: int,
+    max_kv_len: int | None = None,
+    writes: bool = False,
+) -> ForwardBatch:
     """Views of a packed batch (host or device) as a `ForwardBatch`; no copy."""
     n = b * q
+    at = 4 * n + 2 * b + (n if writes else 0)
     return ForwardBatch(
         input_ids=flat[:n].view(b, q),  # [B, q]
         positions=flat[n : 4 * n].view(3, b, q),  # [3, B, q]
         slots=flat[4 * n : 4 * n + b],  # [B]
-        page_table=flat[4 * n + 2 * b :].view(torch.int32)[: b * max_pages].view(b, max_pages),
+        page_table=flat[at:].view(torch.int32)[: b * max_pages].view(b, max_pages),
         cache_lens=flat[4 * n + b : 4 * n + 2 * b],  # [B]
         max_kv_len=max_kv_len,
+        write_slots=flat[4 * n + 2 * b : at].view(b, q) if writes else None,  # [B, q]
     )
 
 
@@ -125,7 +166,7 @@ class EagerCapture:
     """Replays by calling the step again: the graph manager's bookkeeping without a GPU."""
 
     def __init__(self) -> None:
-        self.captured: list[int] = []  # batch sizes, in capture order
+        self.captured: list[tuple[int, int]] = []  # (batch size, q), in capture order
 
     def new_pool(self) -> object:
         return None
@@ -140,21 +181,45 @@ class EagerCapture:
 
 # ----------------------------------------------------------------------------- the manager
 @dataclass
+class StepOut:
+    """One forward's outputs: views of static buffers when replayed (valid until the next replay
+    of the same q), fresh tensors when eager."""
+
+    hidden: torch.Tensor  # [B, q, H] after the final norm
+    logits: torch.Tensor  # [B, q, V] float32, padded ids (>= vocab_limit) at -inf
+    argmax: torch.Tensor | None = None  # [B, q] int64 greedy choice (in-graph), None when eager
+
+    def greedy(self) -> list[list[int]]:
+        """[B][q] argmax of the logits: one device->host transfer of B*q ints."""
+        top = self.argmax if self.argmax is not None else self.logits.argmax(-1)
+        return top.tolist()
+
+
+@dataclass
 class GraphStats:
-    """What capture cost; `error` says why graphs are off when capture failed."""
+    """What capture cost; `error` says why graphs are off when capture failed. The decode graphs
+    (q = 1) are `batch_sizes`; with speculation the verify graphs (q = k + 1, per-token GDN state
+    writes) are `verify_batch_sizes`, captured first into the same pool."""
 
     batch_sizes: tuple[int, ...]
     capture_s: float
-    pool_bytes: int  # device memory reserved by capture: static inputs, logits, graph pool
+    pool_bytes: int  # device memory reserved by capture: static inputs and outputs, graph pool
     error: str | None = None
+    verify_q: int | None = None
+    verify_batch_sizes: tuple[int, ...] = ()
+    verify_capture_s: float = 0.0
+    verify_pool_bytes: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
 class DecodeGraphs:
-    """One captured decode step (B rows, q = 1) per exact batch size, sharing one memory pool and
-    one static logits buffer. Inputs are one packed int64 buffer per size, filled by one copy."""
+    """One captured step per (B, q): q = 1 decode for B = 1..max_batch and, with `verify_q`, the
+    speculative verification of q = k + 1 tokens whose GDN state after each token goes to the
+    packed `write_slots`. All share one memory pool; inputs are one packed int64 buffer per key,
+    filled by one copy; outputs (hidden, float32 logits, in-graph argmax) land in static buffers
+    per q, so an all-greedy batch reads only B*q ints back."""
 
     def __init__(
         self,
@@ -162,73 +227,111 @@ class DecodeGraphs:
         max_batch: int,
         max_pages: int,
         vocab: int,
+        hidden_size: int,
+        dtype: torch.dtype,
         device: torch.device,
         backend: CaptureBackend,
+        verify_q: int | None = None,
     ) -> None:
+        if verify_q is not None and verify_q < 2:
+            raise ValueError(f"verify_q must be at least 2, got {verify_q}")
         self.step, self.max_batch, self.max_pages = step, max_batch, max_pages
+        self.vocab, self.hidden_size, self.dtype = vocab, hidden_size, dtype
         self.device, self.backend = device, backend
-        self.logits = torch.zeros(max_batch, vocab, dtype=torch.float32, device=device)  # [Bmax, V]
-        self.static: dict[int, torch.Tensor] = {}  # B -> device [packed_len(B, 1, max_pages)]
-        self._replay: dict[int, Callable[[], None]] = {}
+        self.verify_q = verify_q
+        self.static: dict[tuple[int, int], torch.Tensor] = {}  # (B, q) -> device [packed_len]
+        self.outputs: dict[int, StepOut] = {}  # q -> [Bmax, q, ...] static outputs
+        self._replay: dict[tuple[int, int], Callable[[], None]] = {}
+        self.pool: object | None = None
 
-    def has(self, b: int) -> bool:
-        return b in self._replay
+    def has(self, b: int, q: int = 1) -> bool:
+        return (b, q) in self._replay
 
-    def capture(self, sizes: Iterable[int] | None = None) -> GraphStats:
-        """Capture every size (largest first, so smaller ones reuse the pool). Warm-up runs write
-        scratch KV into page 0 and GDN state into slots 0..B-1: call before any sequence exists."""
+    def capture(self, sizes: Iterable[int] | None = None, pool: object | None = None) -> GraphStats:
+        """Capture every size for the verify q (when set), then for q = 1, largest first so smaller
+        graphs reuse the pool (`pool`: one to share, e.g. with the drafter's graphs; default a new
+        one, kept in `self.pool`). Warm-up runs write scratch KV into page 0 and GDN state into
+        slots 0..B-1: call before any sequence exists."""
         order = sorted(set(range(1, self.max_batch + 1) if sizes is None else sizes), reverse=True)
         if order and not 1 <= order[-1] <= order[0] <= self.max_batch:
             raise ValueError(f"batch sizes must lie in 1..{self.max_batch}, got {order}")
-        t0 = time.perf_counter()
-        mem0 = self.backend.memory_reserved()
-        pool = self.backend.new_pool()
+        self.pool = pool = self.backend.new_pool() if pool is None else pool
+        groups = ([self.verify_q] if self.verify_q is not None else []) + [1]
+        done: dict[int, tuple[float, int]] = {}
+        t_all = time.perf_counter()
         try:
-            for b in order:
-                self._capture_one(b, pool)
+            for q in groups:
+                t0 = time.perf_counter()
+                mem0 = self.backend.memory_reserved()
+                self.outputs[q] = self._output_buffers(q)
+                for b in order:
+                    self._capture_one(b, q, pool)
+                done[q] = (time.perf_counter() - t0, self.backend.memory_reserved() - mem0)
         except Exception as exc:  # e.g. an op that synchronizes: decode runs eagerly instead
             self.static.clear()
             self._replay.clear()
+            self.outputs.clear()
             err = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             log.warning("CUDA graphs disabled, decode runs eagerly: %s", err)
-            return GraphStats((), time.perf_counter() - t0, 0, err)
-        stats = GraphStats(
-            tuple(sorted(order)), time.perf_counter() - t0, self.backend.memory_reserved() - mem0
-        )
+            return GraphStats((), time.perf_counter() - t_all, 0, err, self.verify_q)
+        sizes_t = tuple(sorted(order))
+        stats = GraphStats(sizes_t, *done[1])
+        if self.verify_q is not None:
+            vs, vb = done[self.verify_q]
+            stats.verify_q, stats.verify_batch_sizes = self.verify_q, sizes_t
+            stats.verify_capture_s, stats.verify_pool_bytes = vs, vb
         log.info(
-            "captured %d decode graphs (batch 1..%d) in %.2f s, %.1f MiB",
+            "captured %d decode graphs (batch 1..%d) in %.2f s, %.1f MiB; verify q=%s: %.2f s, %.1f MiB",
             len(order),
             self.max_batch,
             stats.capture_s,
             stats.pool_bytes / 2**20,
+            self.verify_q,
+            stats.verify_capture_s,
+            stats.verify_pool_bytes / 2**20,
         )
         return stats
 
-    def _capture_one(self, b: int, pool: object) -> None:
-        flat = torch.zeros(packed_len(b, 1, self.max_pages), dtype=torch.int64, device=self.device)
+    def _output_buffers(self, q: int) -> StepOut:
+        bmax, dev = self.max_batch, self.device
+        return StepOut(
+            hidden=torch.zeros(bmax, q, self.hidden_size, dtype=self.dtype, device=dev),  # [Bmax, q, H]
+            logits=torch.zeros(bmax, q, self.vocab, dtype=torch.float32, device=dev),  # [Bmax, q, V]
+            argmax=torch.zeros(bmax, q, dtype=torch.int64, device=dev),  # [Bmax, q]
+        )
+
+    def _capture_one(self, b: int, q: int, pool: object) -> None:
+        writes = q > 1
+        flat = torch.zeros(packed_len(b, q, self.max_pages, writes), dtype=torch.int64, device=self.device)
         scratch = pack(
             host_buffer(flat.numel(), torch.device("cpu")),
-            [[0]] * b,
+            [[0] * q] * b,
             [0] * b,
             list(range(b)),
             [[0]] * b,
             self.max_pages,
+            writes=[[i] * q for i in range(b)] if writes else None,
         )
         flat.copy_(scratch)
-        batch = unpack(flat, b, 1, self.max_pages)  # max_kv_len None: the full static width
-        out = self.logits[:b]
+        batch = unpack(flat, b, q, self.max_pages, writes=writes)  # max_kv_len None: full static width
+        out = self.outputs[q]
+        hidden, logits, argmax = out.hidden[:b], out.logits[:b], out.argmax[:b]  # type: ignore[index]
 
         def fn() -> None:
-            out.copy_(self.step(batch))
+            h, lg = self.step(batch)  # [b, q, H], [b, q, V]
+            hidden.copy_(h)
+            logits.copy_(lg)
+            argmax.copy_(lg.argmax(-1))
 
-        self._replay[b] = self.backend.capture(fn, pool)
-        self.static[b] = flat
+        self._replay[(b, q)] = self.backend.capture(fn, pool)
+        self.static[(b, q)] = flat
         if isinstance(self.backend, EagerCapture):
-            self.backend.captured.append(b)
+            self.backend.captured.append((b, q))
 
-    def run(self, packed: torch.Tensor, b: int) -> torch.Tensor:
-        """packed: host [packed_len(b, 1, max_pages)] -> float32 logits [b, V] (a view of the
-        static buffer, valid until the next replay)."""
-        self.static[b].copy_(packed, non_blocking=True)
-        self._replay[b]()
-        return self.logits[:b]
+    def run(self, packed: torch.Tensor, b: int, q: int = 1) -> StepOut:
+        """packed: host [packed_len(b, q, max_pages, q > 1)] -> views [:b] of the static outputs of
+        this q (valid until the next replay with the same q)."""
+        self.static[(b, q)].copy_(packed, non_blocking=True)
+        self._replay[(b, q)]()
+        out = self.outputs[q]
+        return StepOut(out.hidden[:b], out.logits[:b], out.argmax[:b])  # type: ignore[index]

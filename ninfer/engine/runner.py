@@ -14,8 +14,11 @@ from ninfer.engine.graphs import (
     DecodeGraphs,
     GraphStats,
     StepFn,
+    StepOut,
+    StepRows,
     host_buffer,
     pack,
+    pack_rows,
     packed_len,
     unpack,
 )
@@ -33,8 +36,10 @@ class Runner:
 
     Shapes are static per batch size: the page table is always `max_pages` wide (the pages of
     one max_context sequence). Decode batches of 1..max_batch rows replay CUDA graphs captured by
-    `prepare()` (before the first step) unless `cuda_graphs` is off or the device is the CPU;
-    `compile` runs the decode step through `torch.compile` (inductor, graph breaks allowed).
+    `prepare()` (before the first step) unless `cuda_graphs` is off or the device is the CPU; with
+    a speculative decoder that allows graphs, verification (q = k + 1) is captured too, and the
+    decoder runs every target forward through `forward`. `compile` runs the step through
+    `torch.compile` (inductor, graph breaks allowed).
     """
 
     def __init__(
@@ -66,9 +71,11 @@ class Runner:
         if capture is None and device.type == "cuda":
             capture = CudaCapture(device)
         self._capture = capture if cuda_graphs else None
-        self._step = self._decode_logits
+        self._step: StepFn = self._forward_logits
         if compile:
-            self._step = _compiled(self._decode_logits, max_batch)
+            self._step = _compiled(self._forward_logits, max_batch)
+        if spec is not None:
+            spec.bind(self.forward)
         self.graphs: DecodeGraphs | None = None
         self.graph_stats: GraphStats | None = None
         self._prepared = False
@@ -82,15 +89,18 @@ class Runner:
         if self._steps:
             raise RuntimeError("Runner.prepare() must run before the first step")
         self._prepared = True
-        if self._capture is None:
+        if self._capture is None or (self.spec is not None and not self.spec.graphable):
             return None
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)  # the engine thread starts on the default device
-        vocab = self.model.config.vocab_size
+        cfg = self.model.config
+        dtype = next(self.model.parameters()).dtype
+        verify_q = None if self.spec is None else self.spec.k + 1
         try:
             graphs = DecodeGraphs(
-                self._step, self.max_batch, self.max_pages, vocab, self.device, self._capture
-            )
+                self._step, self.max_batch, self.max_pages, cfg.vocab_size, cfg.hidden_size, dtype,
+                self.device, self._capture, verify_q,
+            )  # fmt: skip
         except Exception as exc:  # e.g. no memory left for the static logits buffer
             self.graph_stats = GraphStats((), 0.0, 0, f"{type(exc).__name__}: {exc}"[:300])
             return self.graph_stats
@@ -136,6 +146,21 @@ class Runner:
         words = packed_len(len(tokens), len(tokens[0]), self.max_pages)
         return pack(host_buffer(words, self.device), tokens, starts, slots, pages, self.max_pages, offsets)
 
+    def forward(self, rows: StepRows) -> StepOut:
+        """One target forward of B rows of q tokens: a graph replay when one was captured for
+        (B, q) (q > 1 graphs carry per-token state writes), else eager."""
+        b, q = rows.shape
+        writes = rows.writes is not None
+        host = pack_rows(
+            host_buffer(packed_len(b, q, self.max_pages, writes), self.device), rows, self.max_pages
+        )
+        if self.graphs is not None and self.graphs.has(b, q) and writes == (q > 1):
+            return self.graphs.run(host, b, q)
+        flat = host.to(self.device, non_blocking=True)
+        batch = unpack(flat, b, q, self.max_pages, max_kv_len=max(rows.starts) + q, writes=writes)
+        hidden, logits = self._step(batch)
+        return StepOut(hidden, logits)
+
     def _batch(
         self,
         tokens: list[list[int]],
@@ -157,10 +182,10 @@ class Runner:
             logits[..., self.vocab_limit :] = float("-inf")
         return logits
 
-    def _decode_logits(self, batch: ForwardBatch) -> torch.Tensor:
-        """The whole decode step: model, final norm, lm_head, masking. -> float32 [B, V]"""
-        hidden = self.model(batch, self.kv, self.states)  # [B, 1, H]
-        return self._logits(hidden[:, -1])
+    def _forward_logits(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole step: model, final norm, lm_head, masking. -> hidden [B, q, H], float32 [B, q, V]"""
+        hidden = self.model(batch, self.kv, self.states)  # [B, q, H]
+        return hidden, self._logits(hidden)
 
     def _prefill(self, plan: PrefillPlan) -> StepResult:
         self._slot_ops(plan.ops_before)
@@ -187,23 +212,23 @@ class Runner:
         if self.spec is not None:
             return self.spec.decode(plan)
         rows = plan.rows
-        b = len(rows)
-        tokens = [[r.token] for r in rows]
-        starts, slots, pages = [r.position for r in rows], [r.slot for r in rows], [r.pages for r in rows]
         offsets = [r.rope_delta for r in rows] if any(r.rope_delta for r in rows) else None
-        if self.graphs is not None and self.graphs.has(b):
-            logits = self.graphs.run(self._pack(tokens, starts, slots, pages, offsets), b)  # [B, V] float32
-        else:
-            logits = self._step(self._batch(tokens, starts, slots, pages, offsets))
-        out = sample_rows(logits, [r.sampler for r in rows])
+        step = self.forward(
+            StepRows(
+                [[r.token] for r in rows], [r.position for r in rows], [r.slot for r in rows],
+                [r.pages for r in rows], offsets,
+            )
+        )  # fmt: skip
+        out = sample_rows(step.logits[:, -1], [r.sampler for r in rows])  # logits [B, V] float32
         return StepResult(seq_ids=[r.seq_id for r in rows], tokens=out)
 
 
 def _compiled(fn: StepFn, max_batch: int) -> StepFn:
     """`torch.compile` of the decode step (inductor, graph breaks allowed around custom kernels).
     Shapes start static; the second batch size makes the batch dimension symbolic, so a whole
-    capture compiles about twice rather than once per size."""
+    capture compiles a few times (per q) rather than once per size."""
     import torch._dynamo
 
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, max_batch + 2)
+    limit = 2 * max_batch + 4  # decode and verify shapes
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
     return torch.compile(fn, dynamic=None, fullgraph=False)

@@ -55,7 +55,7 @@ class SizingLedger:
     kv_bytes: int
     state_slots: int
     state_bytes: int
-    spec_snapshot_slots: int  # of state_slots: per-lane pre-verification copies (--spec)
+    spec_snapshot_slots: int  # of state_slots: the lanes' per-draft-position verify slots (--spec: k each)
     mtp_page_bytes: int  # the MTP drafter's one-layer KV per page (0 without an MTP drafter)
     mtp_kv_bytes: int  # its pool: as many pages as the trunk's, indexed by the same page ids
     weights_bytes: int
@@ -105,7 +105,7 @@ def resolve_kv(
 
     `dtype` is the model dtype (conv states, workspace); `kv_dtype` the KV storage (None = dtype).
     `mtp_layers` (1 with the MTP drafter) adds its KV pool's bytes to every page; `snapshot_slots`
-    says how many of `num_slots` are speculative snapshot slots (already counted in `num_slots`).
+    says how many of `num_slots` are speculative per-position slots (already counted in `num_slots`).
     """
     if max_context <= 0:
         raise EngineConfigError(f"max_context must be positive, got {max_context}")

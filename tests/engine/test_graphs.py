@@ -1,5 +1,6 @@
-"""Decode-graph bookkeeping on the CPU: packed one-copy batches, per-size capture, replay through the
-static buffers (an eager stand-in for CUDA graphs), fallback on capture failure, `no_cuda_graph`."""
+"""Decode-graph bookkeeping on the CPU: packed one-copy batches (with per-token write slots), per-size
+capture, replay through the static buffers (an eager stand-in for CUDA graphs), fallback on capture
+failure, `no_cuda_graph`."""
 
 from __future__ import annotations
 
@@ -21,19 +22,35 @@ from ninfer.model.cache import PAGE_SIZE, KVPool, StatePool, make_batch
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize(("b", "q", "max_pages"), [(1, 1, 1), (3, 1, 5), (2, 7, 4), (5, 1, 8)])
-def test_pack_unpack_equals_make_batch(b: int, q: int, max_pages: int) -> None:
+@pytest.mark.parametrize(
+    ("b", "q", "max_pages", "writes"),
+    [
+        (1, 1, 1, False),
+        (3, 1, 5, False),
+        (2, 7, 4, False),
+        (5, 1, 8, False),
+        (3, 4, 5, True),
+        (1, 2, 1, True),
+    ],
+)
+def test_pack_unpack_equals_make_batch(b: int, q: int, max_pages: int, writes: bool) -> None:
     g = torch.Generator().manual_seed(b * 100 + q)
     pages = [torch.randperm(50, generator=g)[: 1 + i % max_pages].tolist() for i in range(b)]
     starts = [len(p) * PAGE_SIZE - q - i % 3 for i, p in enumerate(pages)]
     tokens = torch.randint(0, 1000, (b, q), generator=g).tolist()
     slots = torch.randperm(20, generator=g)[:b].tolist()
-    flat = torch.full((packed_len(b, q, max_pages),), 12345, dtype=torch.int64)
-    got = unpack(pack(flat, tokens, starts, slots, pages, max_pages), b, q, max_pages, max_kv_len=77)
-    want = make_batch(tokens, starts, slots, pages, max_pages)
+    ws = torch.randint(-1, 30, (b, q), generator=g).tolist() if writes else None
+    flat = torch.full((packed_len(b, q, max_pages, writes),), 12345, dtype=torch.int64)
+    packed = pack(flat, tokens, starts, slots, pages, max_pages, writes=ws)
+    got = unpack(packed, b, q, max_pages, max_kv_len=77, writes=writes)
+    want = make_batch(tokens, starts, slots, pages, max_pages, write_slots=ws)
     for name in ("input_ids", "positions", "slots", "page_table", "cache_lens"):
         a, w = getattr(got, name), getattr(want, name)
         assert a.dtype == w.dtype and torch.equal(a, w), name
+    if writes:
+        assert got.write_slots is not None and torch.equal(got.write_slots, want.write_slots)
+    else:
+        assert got.write_slots is None
     assert got.max_kv_len == 77
     got.validate()
     with pytest.raises(ValueError, match="max_pages"):
@@ -54,12 +71,15 @@ def test_graphs_capture_every_size_largest_first_and_replay_through_static_buffe
     def step(batch):
         seen.append((batch.input_ids.shape[0], batch.input_ids.data_ptr()))
         assert batch.max_kv_len is None  # graphs attend over the full static page-table width
-        return small_model.logits(small_model(batch, kv, st)[:, -1])
+        hidden = small_model(batch, kv, st)
+        return hidden, small_model.logits(hidden)
 
     backend = EagerCapture()
-    graphs = DecodeGraphs(step, 4, 3, small_model.config.vocab_size, CPU, backend)
+    cfg = small_model.config
+    graphs = DecodeGraphs(step, 4, 3, cfg.vocab_size, cfg.hidden_size, torch.float32, CPU, backend)
     stats = graphs.capture()
-    assert backend.captured == [4, 3, 2, 1] and stats.batch_sizes == (1, 2, 3, 4) and stats.error is None
+    assert backend.captured == [(4, 1), (3, 1), (2, 1), (1, 1)] and stats.batch_sizes == (1, 2, 3, 4)
+    assert stats.error is None and stats.verify_q is None and stats.verify_batch_sizes == ()
     assert all(graphs.has(b) for b in (1, 2, 3, 4)) and not graphs.has(5)
     # replay: the packed input lands in the static buffer the captured step reads
     tokens, starts, slots, pages = [[5], [9]], [3, 70], [6, 2], [[4], [7, 8]]
@@ -72,10 +92,11 @@ def test_graphs_capture_every_size_largest_first_and_replay_through_static_buffe
         small_model(make_batch(tokens, starts, slots, pages, 3), want_kv, want_st)[:, -1]
     )
     out = graphs.run(host, 2)
-    assert torch.equal(graphs.static[2], host)
-    assert seen[-1] == (2, graphs.static[2].data_ptr())
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    assert out.data_ptr() == graphs.logits.data_ptr()
+    assert torch.equal(graphs.static[(2, 1)], host)
+    assert seen[-1] == (2, graphs.static[(2, 1)].data_ptr())
+    torch.testing.assert_close(out.logits[:, -1], ref, rtol=1e-5, atol=1e-5)
+    assert out.logits.data_ptr() == graphs.outputs[1].logits.data_ptr()
+    assert out.argmax is not None and torch.equal(out.argmax[:, -1], ref.argmax(-1))
     for a, w in zip(st.ssm, want_st.ssm, strict=True):  # the replay wrote the same GDN state
         torch.testing.assert_close(a, w, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="batch sizes"):
@@ -157,5 +178,5 @@ def test_engine_tokens_with_replayed_graphs_equal_eager(small_model, params) -> 
     engine.start()
     got = _generate(engine, prompts, **params)
     engine.shutdown()
-    assert backend.captured == [4, 3, 2, 1]
+    assert backend.captured == [(4, 1), (3, 1), (2, 1), (1, 1)]
     assert got == want

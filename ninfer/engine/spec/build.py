@@ -18,7 +18,6 @@ from ninfer.model.config import MOE
 
 MTP_MAX_DRAFT = 5
 DFLASH_MAX_DRAFT = 15  # block of 16: the anchor + 15 masks
-SNAPSHOT_SLOTS = 1  # per lane: the pre-verification copy of the live GDN state
 
 
 def check_spec(config: EngineConfig, model: torch.nn.Module, draft_head: DraftHead | None) -> None:
@@ -67,8 +66,9 @@ def check_dflash(config: EngineConfig, model: torch.nn.Module, draft_head: Draft
 
 
 def draft_slots(config: EngineConfig) -> int:
-    """GDN slots per lane reserved for speculation (none without --spec: residency is frozen)."""
-    return SNAPSHOT_SLOTS if config.spec_method is not None else 0
+    """GDN slots per lane reserved for speculation: one per draft position, receiving the state
+    after each verified input but the last (none without --spec: residency is frozen)."""
+    return config.draft_tokens if config.spec_method is not None else 0
 
 
 def draft_capture(config: EngineConfig, device: torch.device) -> CaptureBackend | None:
@@ -94,14 +94,19 @@ def build_spec(
     if config.spec_method is None:
         return None
     device, dtype = kv.device, kv.dtype
+    if layout.draft_slots < config.draft_tokens:
+        raise EngineConfigError(
+            f"the slot layout reserves {layout.draft_slots} speculative slots per lane, "
+            f"{config.draft_tokens} needed (draft_slots(config))"
+        )
 
-    def snapshot(live_slot: int) -> int:
-        return layout.drafts(live_slot // layout.per_lane)[0]
+    def scratch(live_slot: int) -> tuple[int, ...]:
+        return layout.drafts(live_slot // layout.per_lane)
 
     drafter: Drafter
-    if config.spec_oracle_wrong_fraction is not None:
+    if config.spec_oracle_wrong_fraction is not None:  # drafts on the first scratch slot
         drafter = OracleDrafter(
-            model, kv, states, snapshot, max_pages, device,
+            states, lambda slot: scratch(slot)[0], model.config.vocab_size,
             config.spec_oracle_wrong_fraction, config.spec_oracle_seed, config.vocab_limit,
         )  # fmt: skip
     elif config.spec_method == "dflash":
@@ -113,6 +118,6 @@ def build_spec(
         )  # fmt: skip
         mtp.prepare(capture if capture is not None else draft_capture(config, device), graph_pool)
         drafter = mtp
-    return SpecDecoder(
-        model, kv, states, drafter, config.draft_tokens, snapshot, max_pages, device, config.vocab_limit
-    )
+    # DFlash reads the target's layer outputs through forward hooks, which graph replays skip
+    graphable = not isinstance(drafter, DFlashEngineDrafter)
+    return SpecDecoder(kv, states, drafter, config.draft_tokens, scratch, device, graphable)

@@ -1,32 +1,40 @@
 """One speculative decode round for every decode-ready request: draft -> verify -> accept, then the
 state fix-up once the engine knows how many tokens each row committed.
 
-GDN state rollback is "recompute on rollback" (kernels-notes §2.3): before verification each row's
-live slot is copied into its lane's snapshot slot; verification runs the k+1 tokens
-[t_last, d_1..d_k] on the live slot. A row that commits all k+1 tokens keeps that state. A row that
-commits n < k+1 (a rejected draft, or a stop / length limit inside the accepted run) gets its
-snapshot back and its first n inputs re-run (batched by n), so the live slot, the KV pages and the
-lane ledger again describe exactly the committed tokens. Cost: one state copy per row and round,
-plus one extra target forward of n tokens for rows that did not commit every token. KV rows past
-the committed prefix are left behind and overwritten later (cache_lens governs).
+GDN state rollback is "one slot per draft position" (kernels-notes §2.1): each lane owns k scratch
+slots besides its live slot. Verification feeds the k+1 tokens [t_last, d_1..d_k] reading the live
+slot and writes the state after input t (t = 0..k-1) into scratch[t] and the state after input k
+into the live slot (`ForwardBatch.write_slots`). The Triton gdn_step / conv_step kernels load each
+program's whole state tile (ssm: one [dk, block_v] tile of one head; conv: the K-1 window of one
+channel block) into registers before their first store, and the torch references read every row
+before writing, so writing the read slot last is safe. A row that commits all k+1 tokens keeps the
+live state; a row that commits c < k+1 (a rejected draft, or a stop / length limit inside the
+accepted run) gets scratch[c-1] copied into its live slot: one slot copy, no snapshot and no second
+forward. KV rows past the committed prefix are left behind and overwritten later (cache_lens governs).
+
+Every target forward goes through the runner's `forward` (bound at construction): a CUDA graph
+replay per (batch, q) when captured, else eager. Hidden rows handed to the drafter may be views of
+a static graph buffer that the next replay of the same q overwrites: a drafter copies what it keeps.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
+from ninfer.engine.graphs import StepOut, StepRows
 from ninfer.engine.pages import PAGE
 from ninfer.engine.plan import DecodePlan, DecodeRow, SlotOp, StepResult
 from ninfer.engine.sampler import sample_rows
-from ninfer.engine.spec.mtp import Proposal, mask_vocab, rope_positions
+from ninfer.engine.spec.mtp import Proposal, rope_positions
 from ninfer.engine.spec.rejection import match_greedy, plain_greedy, verify
-from ninfer.model.cache import KVPool, StatePool, make_batch
+from ninfer.model.cache import KVPool, StatePool
+
+Forward = Callable[[StepRows], StepOut]
 
 
 class Drafter(Protocol):
@@ -48,6 +56,20 @@ class Drafter(Protocol):
     ) -> None: ...
 
     def propose(self, rows: list[DecodeRow], k: int) -> list[Proposal]: ...
+
+
+def copy_slots(states: StatePool, pairs: list[tuple[int, int]]) -> None:
+    """Copy GDN state slot src -> dst for every (src, dst) pair: one fused multi-tensor copy over
+    every layer's conv and ssm rows instead of two copies per layer and pair."""
+    if not pairs:
+        return
+    dst: list[torch.Tensor] = []
+    src: list[torch.Tensor] = []
+    for pool in (*states.conv, *states.ssm):  # each [num_slots, ...]
+        for s, d in pairs:
+            src.append(pool[s])
+            dst.append(pool[d])
+    torch._foreach_copy_(dst, src)
 
 
 @dataclass
@@ -73,31 +95,47 @@ class SpecRound:
 
 
 class SpecDecoder:
-    """Runs decode plans speculatively with `k` drafts per row."""
+    """Runs decode plans speculatively with `k` drafts per row.
+
+    scratch_slots(live_slot) -> the lane's k scratch slots (k per lane, allocated at startup).
+    `graphable`: whether the runner may capture graphs for this decoder's forwards (the DFlash
+    drafter reads target features through forward hooks, which a graph replay does not run).
+    """
 
     def __init__(
         self,
-        model: torch.nn.Module,
         kv: KVPool,
         states: StatePool,
         drafter: Drafter,
         k: int,
-        snapshot_slot: Callable[[int], int],
-        max_pages: int,
+        scratch_slots: Callable[[int], tuple[int, ...]],
         device: torch.device,
-        vocab_limit: int | None = None,
+        graphable: bool = True,
     ) -> None:
-        self.model, self.kv, self.states = model, kv, states
+        self.kv, self.states = kv, states
         self.drafter = drafter
         self.k = k
-        self.snapshot_slot = snapshot_slot
-        self.max_pages = max_pages
+        self.scratch_slots = scratch_slots
         self.device = device
-        self.vocab_limit = vocab_limit
+        self.graphable = graphable
+        self._forward: Forward | None = None
 
     @property
     def backend(self) -> str:
         return self.drafter.name
+
+    def bind(self, forward: Forward) -> None:
+        """The runner's target forward (graph replay or eager); drafters that run the target
+        (the oracle) get it too."""
+        self._forward = forward
+        bind = getattr(self.drafter, "bind", None)
+        if bind is not None:
+            bind(forward)
+
+    def forward(self, rows: StepRows) -> StepOut:
+        if self._forward is None:
+            raise RuntimeError("SpecDecoder has no target forward: construct the Runner with spec=")
+        return self._forward(rows)
 
     # ----- hooks the runner calls on every path -----
     def slot_op(self, op: SlotOp) -> None:
@@ -120,17 +158,17 @@ class SpecDecoder:
         """[3, q] rotary positions of q tokens fed from r.position (multimodal prompts: + rope_delta)."""
         return rope_positions([r.position + r.rope_delta], q, self.device)[:, 0]
 
-    def _forward(self, rows: list[DecodeRow], inputs: list[list[int]]) -> torch.Tensor:
-        q = len(inputs[0])
-        batch = make_batch(
-            inputs, [r.position for r in rows], [r.slot for r in rows], [r.pages for r in rows],
-            self.max_pages, self.device,
-            positions=rope_positions([r.position + r.rope_delta for r in rows], q, self.device),
-        )  # fmt: skip
-        return self.model(batch, self.kv, self.states)  # [B, q, H]
-
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return mask_vocab(self.model.logits(hidden), self.vocab_limit)
+    @staticmethod
+    def _rows(rows: list[DecodeRow], inputs: list[list[int]], writes: list[list[int]] | None) -> StepRows:
+        offsets = [r.rope_delta for r in rows] if any(r.rope_delta for r in rows) else None
+        return StepRows(
+            inputs,
+            [r.position for r in rows],
+            [r.slot for r in rows],
+            [r.pages for r in rows],
+            offsets,
+            writes,
+        )
 
     def decode(self, plan: DecodePlan) -> StepResult:
         rows, k = plan.rows, self.k
@@ -138,62 +176,59 @@ class SpecDecoder:
         runs: list[list[int]] = [[] for _ in rows]
         drafted, accepted = [0] * n, [0] * n
         spec = [i for i, r in enumerate(rows) if r.position + k + 1 <= len(r.pages) * PAGE]
-        plain = [i for i in range(n) if i not in set(spec)]
+        chosen = set(spec)
+        plain = [i for i in range(n) if i not in chosen]
         if plain:  # too close to the end of its pages for k+1 KV rows: one ordinary step
             prow = [rows[i] for i in plain]
-            hidden = self._forward(prow, [[r.token] for r in prow])  # [P, 1, H]
-            tokens = sample_rows(self._logits(hidden[:, -1]), [r.sampler for r in prow])
+            out = self.forward(self._rows(prow, [[r.token] for r in prow], None))  # hidden [P, 1, H]
+            tokens = sample_rows(out.logits[:, -1], [r.sampler for r in prow])
             for j, (i, r) in enumerate(zip(plain, prow, strict=True)):
                 runs[i] = [tokens[j]]
                 self.drafter.after_forward(
-                    r.slot, r.position, [r.token], hidden[j], self._rope(r, 1), r.pages, catch_up=False
+                    r.slot, r.position, [r.token], out.hidden[j], self._rope(r, 1), r.pages, catch_up=False
                 )
         srows = [rows[i] for i in spec]
         inputs: list[list[int]] = []
+        scratch = [self.scratch_slots(r.slot) for r in srows]
         hidden = torch.empty(0)
         if srows:
             proposals = self.drafter.propose(srows, k)
-            for r in srows:
-                self.states.copy_slot(r.slot, self.snapshot_slot(r.slot))
             inputs = [[r.token, *p.tokens] for r, p in zip(srows, proposals, strict=True)]
-            hidden = self._forward(srows, inputs)  # [S, k+1, H]
-            logits = self._logits(hidden)  # [S, k+1, V]
-            argmax = logits.argmax(-1).tolist()  # [S][k+1], one transfer for the plain greedy rows
+            writes = [[*s[:k], r.slot] for r, s in zip(srows, scratch, strict=True)]
+            out = self.forward(self._rows(srows, inputs, writes))  # hidden [S, k+1, H], logits [S, k+1, V]
+            hidden = out.hidden
+            greedy = out.greedy() if any(plain_greedy(r.sampler) for r in srows) else []
             for j, (i, r, p) in enumerate(zip(spec, srows, proposals, strict=True)):
                 if plain_greedy(r.sampler):
-                    verdict = match_greedy(argmax[j], p.tokens)
+                    verdict = match_greedy(greedy[j], p.tokens)
                 else:
-                    verdict = verify(r.sampler, logits[j], p.tokens, p.probs)
+                    verdict = verify(r.sampler, out.logits[j], p.tokens, p.probs)
                 runs[i], drafted[i], accepted[i] = verdict.tokens, k, verdict.accepted
 
         def finalize(committed: list[int | None]) -> None:
-            redo: dict[int, list[int]] = defaultdict(list)
+            copies: list[tuple[int, int]] = []
+            kept: list[tuple[int, int]] = []  # (row of the verify batch, committed tokens)
             for j, i in enumerate(spec):
-                c, r = committed[i], srows[j]
+                c = committed[i]
                 if c is None:
                     continue
                 if not 1 <= c <= len(runs[i]):
                     raise ValueError(f"row {i}: {c} tokens committed of a run of {len(runs[i])}")
-                if c == k + 1:
-                    self.drafter.after_forward(
-                        r.slot,
-                        r.position,
-                        inputs[j],
-                        hidden[j],
-                        self._rope(r, k + 1),
-                        r.pages,
-                        catch_up=False,
-                    )
-                else:
-                    self.states.copy_slot(self.snapshot_slot(r.slot), r.slot)
-                    redo[c].append(j)
-            for c, js in redo.items():  # recompute the committed prefix from the snapshot
-                rrows = [srows[j] for j in js]
-                again = self._forward(rrows, [inputs[j][:c] for j in js])  # [G, c, H]
-                for t, (j, r) in enumerate(zip(js, rrows, strict=True)):
-                    self.drafter.after_forward(
-                        r.slot, r.position, inputs[j][:c], again[t], self._rope(r, c), r.pages, catch_up=False
-                    )
+                if c < k + 1:  # the state after input c-1 was written to scratch[c-1]
+                    copies.append((scratch[j][c - 1], srows[j].slot))
+                kept.append((j, c))
+            copy_slots(self.states, copies)
+            for j, c in kept:
+                r = srows[j]
+                self.drafter.after_forward(
+                    r.slot,
+                    r.position,
+                    inputs[j][:c],
+                    hidden[j, :c],
+                    self._rope(r, c),
+                    r.pages,
+                    catch_up=False,
+                )
 
         return StepResult(
             seq_ids=[r.seq_id for r in rows],
