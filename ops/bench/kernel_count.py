@@ -8,7 +8,8 @@ Every aten op that is not a view, an allocation or metadata counts as one kernel
 launch as one. A GPU runs about the same number (a cuBLAS split-K GEMM adds a reduction kernel, a
 few torch ops launch two), so the count transfers to the H200 profile. Small random models with
 one block of each layer kind are counted; the per-layer counts give the full-depth models'
-counts (27B: 48 GDN + 16 attention layers, 35B-A3B: 30 + 10).
+counts (27B: 48 GDN + 16 attention layers, 35B-A3B: 30 + 10). The models' projections are fused
+as on CUDA (`Qwen35Model.fuse_projections`); --unfused counts the separate projections.
 """
 
 from __future__ import annotations
@@ -125,7 +126,9 @@ def small_config(kind: str, layer_types: tuple[str, ...]):
                       linear_value_head_dim=16, mrope_section=(2, 1, 1), **extra)  # fmt: skip
 
 
-def decode_step_counts(kind: str, layer_types: tuple[str, ...], backend: str, batch: int) -> Counter[str]:
+def decode_step_counts(
+    kind: str, layer_types: tuple[str, ...], backend: str, batch: int, fuse: bool = True
+) -> Counter[str]:
     """Kernels of one q = 1 decode step (model forward + final norm + lm_head) of `batch` rows."""
     from ninfer.kernels.dispatch import get_ops
     from ninfer.model.cache import KVPool, StatePool, make_batch
@@ -140,6 +143,8 @@ def decode_step_counts(kind: str, layer_types: tuple[str, ...], backend: str, ba
     model = model.to(torch.bfloat16)  # the model dtype decides which casts are real kernels
     model.set_ops(model.ops)
     model.init_buffers("cpu")
+    if fuse:
+        model.fuse_projections()
     kv = KVPool.for_config(cfg, 2 * batch, torch.bfloat16, "cpu")
     st = StatePool.for_config(cfg, batch, torch.bfloat16, "cpu")
     pages = [[2 * b, 2 * b + 1] for b in range(batch)]
@@ -149,13 +154,13 @@ def decode_step_counts(kind: str, layer_types: tuple[str, ...], backend: str, ba
         return count_kernels(lambda: model.logits(model(step, kv, st)[:, -1]))
 
 
-def per_layer(kind: str, backend: str, batch: int) -> dict[str, object]:
+def per_layer(kind: str, backend: str, batch: int, fuse: bool = True) -> dict[str, object]:
     """Kernels of the fixed part, of one GDN layer and of one attention layer (differences of counts)."""
     from ninfer.model.config import FULL, LINEAR
 
-    base = decode_step_counts(kind, (LINEAR, FULL), backend, batch)
-    two_gdn = decode_step_counts(kind, (LINEAR, LINEAR, FULL), backend, batch)
-    two_attn = decode_step_counts(kind, (LINEAR, FULL, FULL), backend, batch)
+    base = decode_step_counts(kind, (LINEAR, FULL), backend, batch, fuse)
+    two_gdn = decode_step_counts(kind, (LINEAR, LINEAR, FULL), backend, batch, fuse)
+    two_attn = decode_step_counts(kind, (LINEAR, FULL, FULL), backend, batch, fuse)
     gdn, attn = two_gdn - base, two_attn - base
     fixed = base - gdn - attn
     return {"fixed": fixed, "gdn_layer": gdn, "attention_layer": attn}
@@ -166,6 +171,7 @@ def main() -> None:
     ap.add_argument("--backend", default="triton")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--by-op", action="store_true", help="print the per-layer counts by op")
+    ap.add_argument("--unfused", action="store_true", help="separate projections (as CPU loads run)")
     args = ap.parse_args()
     if args.backend != "reference" and not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -174,7 +180,7 @@ def main() -> None:
         patch_interpreter()
     out: dict[str, object] = {}
     for model, (n_gdn, n_attn, kind) in FULL_DEPTH.items():
-        parts = per_layer(kind, args.backend, args.batch)
+        parts = per_layer(kind, args.backend, args.batch, fuse=not args.unfused)
         sizes = {k: sum(v.values()) for k, v in parts.items()}
         total = sizes["fixed"] + n_gdn * sizes["gdn_layer"] + n_attn * sizes["attention_layer"]
         out[model] = {"per_part": sizes, "decode_step_kernels": total}
