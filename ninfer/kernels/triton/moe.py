@@ -1,23 +1,32 @@
-"""MoE decode kernels (Triton): fused router (softmax, top-k, renorm) and expert GEMVs for few rows.
+"""MoE decode kernels (Triton): fused router (softmax, top-k, renorm) and expert GEMMs for few rows.
 
 `moe_route` replaces softmax + topk + sum + div + cast (five launches) with one. `moe_experts_small`
-computes the routed experts of N tokens (N·k ≤ a few dozen rows) in two launches without a sort,
-a gather of weights or an index_add: the first reads each chosen expert's gate/up rows once and
-writes act = silu(gate)·up [N·k, Ie]; the second reads each token's k down projections and sums
-the weighted outputs in fp32. Roundings follow `moe_ref`: the projections, silu, the product and
-the weighted output are rounded to the activation dtype; the sum over experts stays fp32 (as in
-the grouped path; the reference loop adds in the activation dtype in ascending expert id).
+computes the routed experts of N <= 64 tokens (N·k <= 384 rows: decode and speculative verify) in
+two launches without a sort, a gather of weights, an index_add or a host sync (`moe_kernels`):
+the first reads each distinct chosen expert's gate/up rows once for all the tokens routed to it
+(duplicates are found in the kernel) and writes act = silu(gate)·up [N·k, Ie]; the second reads
+each token's k down projections (an expert shared by several tokens comes from L2 after its first
+read) and sums the weighted outputs in fp32, in slot order (deterministic). Roundings follow
+`moe_ref`: the projections, silu, the product and the weighted output are rounded to the
+activation dtype; the sum over experts stays fp32 (as in the grouped path; the reference loop adds
+in the activation dtype in ascending expert id).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from ninfer.kernels.triton._checks import check_devices, check_int_index
+from ninfer.kernels.triton.moe_kernels import down_kernel, gate_up_kernel
 
-SMALL_MAX_ROWS = 64  # N·k up to this many (token, expert) rows use `moe_experts_small`
+SMALL_MAX_ROWS = 384  # N·k up to this many (token, expert) rows use `moe_experts_small`
+SMALL_MAX_TOKENS = 64  # ... and N up to this many tokens (the gate/up kernel holds all N in a tile)
+SM_COUNT = 132  # H200; only sizes the launch grid
 
 
 @triton.jit
@@ -69,68 +78,6 @@ def moe_route(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     return idx, w
 
 
-@triton.jit
-def _gate_up_kernel(
-    x_ptr, w_ptr, idx_ptr, act_ptr,  # x [N, H]; w [E, 2*Ie, H]; idx [N*K]; act [N*K, Ie]
-    H, IE,
-    s_x, s_we, s_wr, s_a,
-    K: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-):  # fmt: skip
-    m = tl.program_id(0).to(tl.int64)
-    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
-    mask_n = offs_n < IE
-    e = tl.load(idx_ptr + m).to(tl.int64)
-    x_row = x_ptr + (m // K) * s_x
-    w_gate = w_ptr + e * s_we + offs_n[:, None] * s_wr
-    w_up = w_gate + IE * s_wr
-    acc_g = tl.zeros([BN], dtype=tl.float32)
-    acc_u = tl.zeros([BN], dtype=tl.float32)
-    for k0 in range(0, H, BK):
-        offs_k = k0 + tl.arange(0, BK)
-        mask_k = offs_k < H
-        x = tl.load(x_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        m2 = mask_n[:, None] & mask_k[None, :]
-        acc_g += tl.sum(tl.load(w_gate + offs_k[None, :], mask=m2, other=0.0).to(tl.float32) * x[None, :], 1)
-        acc_u += tl.sum(tl.load(w_up + offs_k[None, :], mask=m2, other=0.0).to(tl.float32) * x[None, :], 1)
-    dt = act_ptr.dtype.element_ty
-    g = acc_g.to(dt).to(tl.float32)
-    u = acc_u.to(dt).to(tl.float32)
-    act = (g * tl.sigmoid(g)).to(dt).to(tl.float32) * u
-    tl.store(act_ptr + m * s_a + offs_n, act.to(dt), mask=mask_n)
-
-
-@triton.jit
-def _down_kernel(
-    act_ptr, w_ptr, idx_ptr, tw_ptr, y_ptr,  # act [N*K, Ie]; w [E, H, Ie]; idx, tw [N*K]; y [N, H]
-    H, IE,
-    s_a, s_we, s_wr, s_y,
-    K: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-):  # fmt: skip
-    n = tl.program_id(0).to(tl.int64)
-    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
-    mask_n = offs_n < H
-    dt = y_ptr.dtype.element_ty
-    out = tl.zeros([BN], dtype=tl.float32)
-    for j in tl.static_range(K):
-        m = n * K + j
-        e = tl.load(idx_ptr + m).to(tl.int64)
-        wt = tl.load(tw_ptr + m).to(tl.float32)
-        w_rows = w_ptr + e * s_we + offs_n[:, None] * s_wr
-        acc = tl.zeros([BN], dtype=tl.float32)
-        for k0 in range(0, IE, BK):
-            offs_k = k0 + tl.arange(0, BK)
-            mask_k = offs_k < IE
-            a = tl.load(act_ptr + m * s_a + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            wv = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            acc += tl.sum(wv.to(tl.float32) * a[None, :], 1)
-        out += (acc.to(dt).to(tl.float32) * wt).to(dt).to(tl.float32)
-    tl.store(y_ptr + n * s_y + offs_n, out.to(dt), mask=mask_n)
-
-
 def moe_experts_small(
     x: torch.Tensor,
     gate_up: torch.Tensor,
@@ -139,12 +86,15 @@ def moe_experts_small(
     topk_w: torch.Tensor,
     *,
     block_n: int | None = None,
-    block_k: int = 128,
+    block_k: int | None = None,
+    num_stages: int = 4,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """`moe_ref.moe_experts`'s contract in two launches (see the module docstring).
 
-    x: [N, H]; gate_up: [E, 2*Ie, H]; down: [E, H, Ie] (last dims contiguous); topk_idx [N, k] int;
-    topk_w [N, k]. returns [N, H] in x's dtype.
+    x: [N, H]; gate_up: [E, 2*Ie, H]; down: [E, H, Ie] (last dims contiguous, one dtype, bf16 /
+    fp16 / fp32); topk_idx [N, k] int with distinct experts per token; topk_w [N, k].
+    returns [N, H] in x's dtype. block_n / block_k override the shape heuristic (both kernels).
     """
     n, k = topk_idx.shape
     e, two_ie, h = gate_up.shape
@@ -153,6 +103,12 @@ def moe_experts_small(
         raise ValueError(
             f"x {tuple(x.shape)}, gate_up {tuple(gate_up.shape)}, down {tuple(down.shape)}, "
             f"topk {tuple(topk_idx.shape)}/{tuple(topk_w.shape)} do not fit [N,H], [E,2Ie,H], [E,H,Ie], [N,k]"
+        )
+    if n > SMALL_MAX_TOKENS:
+        raise ValueError(f"moe_experts_small takes at most {SMALL_MAX_TOKENS} tokens; got {n}")
+    if not (x.dtype == gate_up.dtype == down.dtype) or x.dtype not in _DOT_DTYPES:
+        raise TypeError(
+            f"x, gate_up, down must share one of bf16/fp16/fp32; got {x.dtype}, {gate_up.dtype}, {down.dtype}"
         )
     check_int_index("topk_idx", topk_idx)
     check_devices(x, gate_up, down, topk_idx, topk_w)
@@ -164,23 +120,48 @@ def moe_experts_small(
     y = torch.empty(n, h, dtype=x.dtype, device=x.device)
     if n == 0:
         return y
-    bk = min(block_k, triton.next_power_of_2(max(h, ie)))
-    bn1 = block_n or _block_n(n * k, ie)
-    _gate_up_kernel[(n * k, triton.cdiv(ie, bn1))](
-        x, gate_up, idx, act, h, ie, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
-        K=k, BN=bn1, BK=bk, num_warps=4,
+    prec = "ieee" if x.dtype == torch.float32 else "tf32"  # tf32 only names the default: 16-bit inputs
+    cfg = pick_config(n, k, e, h, ie, block_n, block_k)
+    gate_up_kernel[(n * k, triton.cdiv(ie, cfg.gate_up_bn))](
+        x, gate_up, idx, act, n, h, ie, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
+        K=k, KP=triton.next_power_of_2(k), NP=max(16, triton.next_power_of_2(n)), BN=cfg.gate_up_bn,
+        BK=cfg.gate_up_bk, PREC=prec, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    bn2 = block_n or _block_n(n, h)
-    _down_kernel[(n, triton.cdiv(h, bn2))](
+    down_kernel[(n, triton.cdiv(h, cfg.down_bn))](
         act, down, idx, tw, y, h, ie, act.stride(0), down.stride(0), down.stride(1), y.stride(0),
-        K=k, BN=bn2, BK=min(block_k, triton.next_power_of_2(ie)), num_warps=4,
+        K=k, BN=cfg.down_bn, BK=cfg.down_bk, PREC=prec, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return y
 
 
-def _block_n(rows: int, cols: int) -> int:
-    """Output rows per program: the largest of 16..64 that still gives >= 256 programs (H200: 132 SMs)."""
+_DOT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass(frozen=True)
+class SmallConfig:
+    """Launch shape of the two kernels: output columns (gate/up) or rows (down) and reduction chunk."""
+
+    gate_up_bn: int
+    gate_up_bk: int
+    down_bn: int
+    down_bk: int
+
+
+def pick_config(
+    n: int, k: int, e: int, h: int, ie: int, block_n: int | None = None, block_k: int | None = None
+) -> SmallConfig:
+    """Shape heuristic (no autotune: graph capture): the widest tiles that still give >= 2 programs
+    per SM, counting the expected number of distinct experts among N·k random picks of E."""
+    distinct = e * (1.0 - (1.0 - 1.0 / e) ** (n * k))
+    gu_bn = block_n or _widest(lambda bn: distinct * triton.cdiv(ie, bn))
+    dn_bn = block_n or _widest(lambda bn: n * triton.cdiv(h, bn))
+    gu_bk = block_k or min(128, triton.next_power_of_2(h))
+    dn_bk = block_k or min(128, triton.next_power_of_2(ie))
+    return SmallConfig(max(16, gu_bn), max(16, gu_bk), max(16, dn_bn), max(16, dn_bk))
+
+
+def _widest(programs: Callable[[int], float]) -> int:
     for bn in (64, 32):
-        if rows * triton.cdiv(cols, bn) >= 256:
+        if programs(bn) >= 2 * SM_COUNT:
             return bn
     return 16
