@@ -9,9 +9,10 @@ Per phase (what `ninfer.model` calls):
   pools); a single sequence's chunk of >= 64 tokens gathers its pages once and runs torch SDPA
   (flash) with a lower-right causal mask (`prefill_attention`); K/V writes in one Triton
   launch for float pools (int8: quantised on write by torch ops).
-* MoE experts: for <= 64 (token, expert) rows (decode, verify) two Triton GEMV launches
-  (`moe.moe_experts_small`); above, `torch._grouped_mm` after a sort by expert when it runs on
-  this device and dtype (bf16, sm_90+), else the reference loop. Router: one Triton launch.
+* MoE experts: for <= 384 (token, expert) rows of <= 64 tokens (decode, verify) two Triton
+  launches that read each distinct expert once (`moe.moe_experts_small`); above,
+  `torch._grouped_mm` after a sort by expert when it runs on this device and dtype (bf16,
+  sm_90+), else the reference loop. Router: one Triton launch.
 * Norms (1+w, residual add + norm, gated, q/k norm + rope) and the gated products around them
   (attention output gate, SwiGLU, shared-expert add): one Triton launch each (`norms`, `gates`).
 Every Triton op is called through its `torch.library` custom op (`library`), so torch.compile
@@ -160,7 +161,7 @@ def moe_experts(
     topk_w: torch.Tensor,
 ) -> torch.Tensor:
     """`moe_ref.moe_experts`'s contract without host syncs where possible (see the module docstring)."""
-    if topk_idx.numel() <= moe.SMALL_MAX_ROWS:
+    if topk_idx.numel() <= moe.SMALL_MAX_ROWS and topk_idx.shape[0] <= moe.SMALL_MAX_TOKENS:
         return lib.moe_experts_small(x, gate_up, down, topk_idx, topk_w)
     if grouped_mm_works(x.device, x.dtype):
         return moe_experts_grouped(x, gate_up, down, topk_idx, topk_w)
