@@ -10,10 +10,12 @@ MTP's k draft steps, so each round's `propose` (one call for all rows) is timed 
 * `oracle` (the headline): drafting replaced by k measured MTP draft steps with the proposal head
   (`draft_step_ms`), i.e. the tokens/s an MTP drafter of this acceptance would give.
 
-The draft step (one MTP layer forward + draft logits + argmax, what MTPDrafter does per draft) is
-timed with random MTP weights of the trunk's shapes, through the full lm_head and through a
-proposal head of `proposal_ids` rows. Speculative rounds run eagerly (the engine captures no CUDA
-graphs with a drafter), the plain decode they are compared with replays graphs.
+The draft step is timed as the engine runs it: `MTPDrafter.propose` of k drafts (k = 3 when swept,
+else the largest k) divided by k, at every batch size, each lane holding k + 1 pending rows (a fully
+accepted round), with random MTP weights of the trunk's shapes, through the full lm_head and
+through a proposal head of `proposal_ids` rows. On a GPU the drafter's captured proposal graph
+(one replay per round) is timed (`draft_step_mode` "graph"); where no graph could be captured
+(the CPU, or a failed capture) the eager steps are, and the mode says "eager".
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ from typing import Any
 
 import torch
 
+from ninfer.engine.api import SamplingParams
+from ninfer.engine.graphs import CudaCapture
+from ninfer.engine.plan import DecodeRow
+from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
 from ninfer.engine.spec.draft_head import DraftHead
-from ninfer.engine.spec.mtp import rope_positions
-from ninfer.model.cache import KVPool, make_batch
+from ninfer.engine.spec.mtp import MTPDrafter, Pending, rope_positions
 from ninfer.model.qwen35 import Qwen35Model
 from ops.bench.ceilings import median_seconds, sync
 from ops.bench.engine_runs import EngineSpec, free, make_engine, run_requests
@@ -47,28 +52,30 @@ class SpecSizes:
 
 
 def draft_step_ms(
-    model: Qwen35Model, head: Callable[[torch.Tensor], torch.Tensor], bs: int, context: int, reps: int
-) -> float:
-    """Median ms of one MTP draft step at `bs` rows after `context` tokens: MTP layer forward on
-    the previous step's hidden, draft logits through `head`, argmax to the host."""
-    mtp = model.mtp
-    assert mtp is not None
+    model: Qwen35Model, head: DraftHead | None, bs: int, context: int, k: int, reps: int
+) -> tuple[float, str]:
+    """Median ms per draft of the MTP drafter's greedy proposal of k drafts at `bs` rows after
+    `context` tokens, and the mode timed ("graph": one captured replay per round, "eager")."""
     dev = model.lm_head.weight.device
     dtype = model.lm_head.weight.dtype
-    per = -(-(context + 2) // PAGE)
-    kv = KVPool.for_config(model.config, per * bs, dtype, dev, num_layers=1)
-    pages = [list(range(i * per, (i + 1) * per)) for i in range(bs)]
-    batch = make_batch([[1]] * bs, [context] * bs, [0] * bs, pages, per, dev,
-                       positions=rope_positions([context] * bs, 1, dev))  # fmt: skip
-    x = torch.randn(bs, model.config.hidden_size, device=dev, dtype=dtype)  # [B, H]
+    per = -(-(context + k + 1) // PAGE)
+    drafter = MTPDrafter(model, per * bs, bs, per, dtype, dev, head, draft_tokens=k, max_batch=bs)
+    drafter.prepare(CudaCapture(dev) if dev.type == "cuda" else None, sizes=[bs])
+    mode = "graph" if drafter.graphs is not None else "eager"
+    greedy = RowSampler(resolve_sampling(SamplingParams(temperature=0.0), None, SamplingOverrides()))
+    rows = [DecodeRow(i, 1, context, i, list(range(i * per, (i + 1) * per)), greedy) for i in range(bs)]
+    start = context - (k + 1)
+    hidden = torch.randn(k + 1, model.config.hidden_size, device=dev, dtype=dtype)  # [k+1, H]
+    pending = Pending(start, tuple(range(1, k + 2)), hidden, rope_positions([start], k + 1, dev)[:, 0])
 
     def step() -> None:
-        h = mtp(batch, x[:, None], kv)[:, 0]  # [B, H]
-        head(h).argmax(-1).tolist()
+        for r in rows:  # a fully accepted round left k + 1 pending rows on every lane
+            drafter.pending[r.slot] = pending
+        drafter.propose(rows, k)
 
     with torch.inference_mode():
         secs = median_seconds(step, dev, reps, 3)
-    return secs * 1e3
+    return secs * 1e3 / k, mode
 
 
 def proposal_head(model: Qwen35Model, n: int) -> DraftHead:
@@ -116,15 +123,19 @@ def spec_section(
     attach_mtp(model, es.device, model.lm_head.weight.dtype)
     try:
         head = proposal_head(model, min(sizes.proposal_ids, vocab))
-        mtp = model.mtp
-        assert mtp is not None
-        full_ms = {str(bs): draft_step_ms(model, mtp.logits, bs, sizes.context, 10) for bs in sizes.batches}
-        prop_ms = {str(bs): draft_step_ms(model, head.logits, bs, sizes.context, 10) for bs in sizes.batches}
+        k_step = 3 if 3 in sizes.ks else max(sizes.ks)
+        full_ms, prop_ms, modes = {}, {}, set()
+        for bs in sizes.batches:
+            for table, h in ((full_ms, None), (prop_ms, head)):
+                table[str(bs)], mode = draft_step_ms(model, h, bs, sizes.context, k_step, 10)
+                modes.add(mode)
     finally:
         model.mtp = None
     b1 = str(min(sizes.batches))
     out: dict[str, Any] = {
         "draft_step_ms": {"full_head": full_ms[b1], "proposal_head": prop_ms[b1]},
+        "draft_step_mode": modes.pop() if len(modes) == 1 else "mixed",
+        "draft_step_k": k_step,
         "draft_step_ms_by_bs": {"full_head": full_ms, "proposal_head": prop_ms},
         "proposal_head_ids": head.size,
         "proposal_head_step_ratio": full_ms[b1] / prop_ms[b1],
@@ -136,7 +147,8 @@ def spec_section(
         "mean_accepted_per_round": {},
         "skipped": [],
     }
-    log(f"spec: draft step full {full_ms[b1]:.2f} ms, proposal {prop_ms[b1]:.2f} ms ({head.size} ids)")
+    log(f"spec: draft step full {full_ms[b1]:.2f} ms, proposal {prop_ms[b1]:.2f} ms ({head.size} ids, "
+        f"{out['draft_step_mode']}, k={k_step})")  # fmt: skip
     lanes = max(sizes.batches)
     max_ctx = sizes.context + sizes.decode_tokens + lanes + max(sizes.ks) + 2 * PAGE
     for k in sizes.ks:
