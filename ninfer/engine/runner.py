@@ -187,6 +187,10 @@ class Runner:
         hidden = self.model(batch, self.kv, self.states)  # [B, q, H]
         return hidden, self._logits(hidden)
 
+    def _decode_logits(self, batch: ForwardBatch) -> torch.Tensor:
+        """The decode step's float32 logits [B, V] alone (the benchmark profiler's entry point)."""
+        return self._forward_logits(batch)[1][:, -1]
+
     def _prefill(self, plan: PrefillPlan) -> StepResult:
         self._slot_ops(plan.ops_before)
         batch = self._batch([plan.tokens], [plan.start], [plan.slot], [plan.pages])
