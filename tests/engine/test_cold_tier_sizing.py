@@ -22,7 +22,8 @@ def test_ledger_matches_the_allocated_mtp_pool_and_slots() -> None:
             led = eng.ledger
             assert led.mtp_kv_bytes == _pool_bytes(eng.spec.drafter.kv) > 0
             assert led.kv_bytes == _pool_bytes(eng.kv)
-            assert led.spec_snapshot_slots == 2 and led.state_slots == eng.states.num_slots == 2 * 4
+            # k = 2 scratch slots per lane (one per draft position) next to each lane's 3 others
+            assert led.spec_snapshot_slots == 2 * 2 and led.state_slots == eng.states.num_slots == 2 * 5
         finally:
             eng.shutdown(5)
     eng = engine(mtp_model(0), max_concurrency=2, kv_capacity=512)

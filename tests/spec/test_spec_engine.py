@@ -166,7 +166,8 @@ def test_residency_frozen_and_startup_rejections(model, head) -> None:
         eng.shutdown(5)
     eng = engine(model, spec_method="mtp")
     try:
-        assert eng.layout.draft_slots == 1 and eng.spec.drafter.kv.num_layers == 1
+        assert eng.layout.draft_slots == eng.config.draft_tokens == 3  # one scratch slot per draft position
+        assert eng.spec.drafter.kv.num_layers == 1
         assert eng.spec.drafter.kv.num_pages == eng.kv.num_pages
     finally:
         eng.shutdown(5)
