@@ -193,4 +193,5 @@ def triton_ops() -> Ops:
         silu_mul=lib.silu_mul,
         shared_expert_add=lib.shared_expert_add,
         moe_route=lib.moe_route,
+        linear=lib.linear,
     )

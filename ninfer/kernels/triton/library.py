@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ninfer.kernels.triton import gates, moe, norms
+from ninfer.kernels.triton import gates, gemv, moe, norms
 from ninfer.kernels.triton.conv_step import conv_step as _conv_step
 from ninfer.kernels.triton.gdn_decode import gdn_decode_step as _gdn_step
 from ninfer.kernels.triton.kv_write import write_kv as _write_kv
@@ -179,3 +179,20 @@ def paged_attention(
 def _(q: Tensor, k_pool: Tensor, v_pool: Tensor, page_table: Tensor, cache_lens: Tensor, scale: float,
       k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> Tensor:  # fmt: skip
     return q.new_empty(q.shape)
+
+
+@_lib.custom_op("ninfer::gemv", mutates_args=())
+def gemv_op(x: Tensor, weight: Tensor) -> Tensor:
+    return gemv.gemv(x, weight)
+
+
+@gemv_op.register_fake
+def _(x: Tensor, weight: Tensor) -> Tensor:
+    return _like(x, (*x.shape[:-1], weight.shape[0]))
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """`Ops.linear`: the Triton GEMV for <= gemv.MAX_ROWS rows on the GPU, else F.linear."""
+    if gemv.use_gemv(x, weight):
+        return gemv_op(x, weight)
+    return torch.nn.functional.linear(x, weight)
