@@ -18,7 +18,7 @@ LAYERS = (LINEAR, FULL, LINEAR, LINEAR, FULL)
 PAGES = [[3, 0], [1, 4]]  # two sequences, two 64-token pages each, out of order
 
 
-def tiny_config(kind: str) -> TextConfig:
+def tiny_config(kind: str, layers: tuple[str, ...] = LAYERS) -> TextConfig:
     """Value heads 2x key heads, value head dim != key head dim, head_dim != hidden / heads."""
     extra = (
         dict(family=DENSE, intermediate_size=112)
@@ -26,7 +26,7 @@ def tiny_config(kind: str) -> TextConfig:
         else dict(family=MOE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=40,
                   shared_expert_intermediate_size=56)
     )  # fmt: skip
-    return TextConfig(vocab_size=VOCAB, hidden_size=80, num_hidden_layers=len(LAYERS), layer_types=LAYERS,
+    return TextConfig(vocab_size=VOCAB, hidden_size=80, num_hidden_layers=len(layers), layer_types=layers,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
                       linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=24,
                       mrope_section=(2, 1, 1), mtp_num_hidden_layers=1, **extra)  # fmt: skip
@@ -45,9 +45,11 @@ def _randomise(module: torch.nn.Module, gen: torch.Generator) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.6 / p.shape[-1] ** 0.5)
 
 
-def tiny_model(kind: str, dtype: torch.dtype = torch.float32, ops: Ops | None = None) -> Qwen35Model:
+def tiny_model(
+    kind: str, dtype: torch.dtype = torch.float32, ops: Ops | None = None, layers: tuple[str, ...] = LAYERS
+) -> Qwen35Model:
     """A random unfused model with a bound random MTP head, in `dtype`, on the CPU."""
-    cfg = tiny_config(kind)
+    cfg = tiny_config(kind, layers)
     gen = torch.Generator().manual_seed(11 if kind == "dense" else 12)
     model = Qwen35Model(cfg, ops or get_ops("cpu", "reference"))
     head = MTPHead(cfg, model.ops)
