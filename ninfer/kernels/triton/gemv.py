@@ -25,7 +25,7 @@ from ninfer.kernels.triton._checks import check_devices
 MAX_ROWS = 16  # M above this (prefill) goes to torch.nn.functional.linear
 NUM_SMS = 132  # H200; the grid target is a few programs per SM
 LM_HEAD_N = 131072  # N from here on: vocabulary-wide output (its own tile shape)
-CUBLAS_FROM_ELEMS = 1 << 24  # 2..16 rows of a weight with more elements: cuBLAS is faster
+SMALL_ELEMS = 1 << 22  # 2..16 rows: weights up to this many elements take the GEMV (`gemv_wins`)
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -139,22 +139,32 @@ def pick_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int = NUM_S
     return GemvConfig(block_m, block_n, block_k, split, warps, stages, use_dot)
 
 
-def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear` runs the Triton GEMV for these arguments (else torch.nn.functional.linear).
+def gemv_wins(m: int, n: int, k: int) -> bool:
+    """Whether the GEMV beat cuBLAS (F.linear) at this shape on the H200 (bf16, L2 defeated).
 
-    One row: always (as fast as cuBLAS or faster on every measured shape). 2..16 rows: weights up
-    to CUBLAS_FROM_ELEMS elements and the lm_head; cuBLAS measured 5-20 % faster in between.
+    Measured (ops/bench/gemv_micro.py): one row is as fast or faster everywhere except wide
+    outputs over K <= 2048 (35B-A3B q|gate, qkv: ~10 % slower); 2..16 rows only for small
+    weights (<= SMALL_ELEMS; 257 x 2048 and 1024 x 2048 up to 1.7x faster, others within
+    ~0.2 µs) of at least 64 outputs (N = 1 / 32: the split-K's second launch costs 0.4-2.5 µs)
+    and the lm_head (4-7 % faster); cuBLAS was 5-20 % faster in between.
     """
+    if n >= LM_HEAD_N:
+        return True
+    if m == 1:
+        return not (k <= 2048 and n >= 8192)
+    return 64 <= n and n * k <= SMALL_ELEMS
+
+
+def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear` runs the Triton GEMV for these arguments (else torch.nn.functional.linear)."""
     if x.dim() == 0 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         return False
     m = x.numel() // max(1, x.shape[-1])
     on_device = x.device.type == "cuda" or (x.device.type == "cpu" and knobs.runtime.interpret)
-    n, k = weight.shape
-    fits = m == 1 or n * k <= CUBLAS_FROM_ELEMS or n >= LM_HEAD_N
     return (
         on_device
         and 1 <= m <= MAX_ROWS
-        and fits
+        and gemv_wins(m, *weight.shape)
         and x.dtype in _DTYPES
         and weight.dtype == x.dtype
         and weight.device == x.device
