@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from ninfer.kernels.triton import gemv  # noqa: E402
 from ninfer.model.config import TextConfig  # noqa: E402
+from ops.bench.report import provenance  # noqa: E402
 from ops.bench.shapes import SHAPES, SMOKE_SHAPES  # noqa: E402
 
 COPY_TBPS = 4.25  # measured H200 copy bandwidth (read + write bytes / time)
@@ -200,9 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     rows_m = ROWS[:2] if args.smoke else ROWS
     dtype = torch.bfloat16
     t0 = time.perf_counter()
-    result: dict[str, Any] = dict(
+    result: dict[str, Any] = provenance("ops/bench/gemv_micro.py", sys.argv[1:])
+    result.update(
         device=torch.cuda.get_device_name() if device == "cuda" else "cpu", smoke=args.smoke,
-        dtype=str(dtype), torch=torch.__version__, copy_TBps=COPY_TBPS, models={},
+        dtype=str(dtype), copy_TBps=COPY_TBPS, models={},
     )  # fmt: skip
     for model, shape in table.items():
         cfg = TextConfig.from_hf(shape)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from ops.bench.report import provenance  # noqa: E402 (stdlib-only module: safe before the interpreter switch)
 
 Fn = Callable[..., "torch.Tensor"]  # noqa: F821 (torch is imported after the interpreter switch)
 SHAPES = {"full": dict(e=256, k=8, h=2048, ie=512), "smoke": dict(e=8, k=2, h=64, ie=32)}
@@ -51,7 +52,7 @@ def main() -> None:
         from ninfer.kernels.triton.interpreter_fixes import patch_interpreter
 
         patch_interpreter()
-    res = run(args)
+    res = {**provenance("ops/bench/moe_micro.py", sys.argv[1:]), **run(args)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "moe_micro.json").write_text(json.dumps(res, indent=1))
     print(table(res))

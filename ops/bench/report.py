@@ -40,3 +40,37 @@ def summary_table(result: dict[str, Any]) -> str:
             f"{noise:7.4f} {'ok' if fp.get('ok') else ('-' if not fp.get('checked') else 'FAIL'):>4}"
         )
     return "\n".join(lines)
+
+
+def provenance(script: str, argv: list[str]) -> dict[str, Any]:
+    """Where a result comes from: commit (git, else $NINFER_COMMIT), uncommitted tracked files,
+    UTC date, torch / Triton versions, GPU name and the command line."""
+    import datetime as dt
+    import os
+    import subprocess
+
+    import torch
+
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=root).stdout.strip()
+        except OSError:
+            return ""
+
+    try:
+        import triton
+
+        triton_version: str | None = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {
+        "commit": git("rev-parse", "--short", "HEAD") or os.environ.get("NINFER_COMMIT", "unknown"),
+        "uncommitted_files": len(git("status", "--short", "--untracked-files=no").splitlines()),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "command": " ".join(["python", script, *argv]),
+    }

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gc
-import os
 import subprocess
 import sys
 import time
@@ -41,7 +40,7 @@ from ninfer.service.compile_cache import setup_compile_cache  # noqa: E402
 from ops.bench.ceilings import GiB, copy_bandwidth_TBps, matmul_peak_TFLOPs  # noqa: E402
 from ops.bench.engine_runs import EngineSpec  # noqa: E402
 from ops.bench.model_run import ModelArgs, bench_model, sizes_for  # noqa: E402
-from ops.bench.report import summary_table, write_json  # noqa: E402
+from ops.bench.report import provenance, summary_table, write_json  # noqa: E402
 from ops.bench.startup import startup_rows  # noqa: E402
 
 
@@ -166,27 +165,15 @@ def main() -> None:
     budget = Budget(args.budget_s)
     cache = setup_compile_cache()
 
-    def git(*argv: str) -> str:
-        return subprocess.run(["git", *argv], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-
     cuda = args.device.startswith("cuda")
-    commit = git("rev-parse", "--short", "HEAD") or os.environ.get("NINFER_COMMIT", "unknown")
-    try:
-        import triton
-
-        triton_version: str | None = triton.__version__
-    except ImportError:
-        triton_version = None
+    meta = provenance("ops/bench/run.py", sys.argv[1:])
+    commit = meta["commit"]
     result: dict[str, Any] = {
-        "commit": commit,
-        "uncommitted_files": len(git("status", "--short", "--untracked-files=no").splitlines()),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name() if cuda else None,
+        **{k: meta[k] for k in ("commit", "uncommitted_files", "date")},
+        "gpu": meta["gpu"] if cuda else None,
         "device": args.device,
         "smoke": args.smoke,
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "command": " ".join(["python", "ops/bench/run.py", *sys.argv[1:]]),
+        **{k: meta[k] for k in ("torch", "triton", "command")},
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
