@@ -155,12 +155,17 @@ def gemv_wins(m: int, n: int, k: int) -> bool:
     return 64 <= n and n * k <= SMALL_ELEMS
 
 
+# read once at import (the kernel tests set TRITON_INTERPRET before importing kernels): torch.compile
+# cannot trace Triton's C getenv inside the decode step
+_INTERPRET = bool(knobs.runtime.interpret)
+
+
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear` runs the Triton GEMV for these arguments (else torch.nn.functional.linear)."""
     if x.dim() == 0 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         return False
     m = x.numel() // max(1, x.shape[-1])
-    on_device = x.device.type == "cuda" or (x.device.type == "cpu" and knobs.runtime.interpret)
+    on_device = x.device.type == "cuda" or (x.device.type == "cpu" and _INTERPRET)
     return (
         on_device
         and 1 <= m <= MAX_ROWS
