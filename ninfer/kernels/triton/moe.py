@@ -121,7 +121,7 @@ def moe_experts_small(
     if n == 0:
         return y
     prec = "ieee" if x.dtype == torch.float32 else "tf32"  # tf32 only names the default: 16-bit inputs
-    cfg = pick_config(n, k, e, h, ie, block_n, block_k)
+    cfg = pick_config(n, k, e, h, ie, block_n, block_k, elem_size=x.element_size())
     gate_up_kernel[(n * k, triton.cdiv(ie, cfg.gate_up_bn))](
         x, gate_up, idx, act, n, h, ie, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
         K=k, KP=triton.next_power_of_2(k), NP=max(16, triton.next_power_of_2(n)), BN=cfg.gate_up_bn,
@@ -148,15 +148,26 @@ class SmallConfig:
 
 
 def pick_config(
-    n: int, k: int, e: int, h: int, ie: int, block_n: int | None = None, block_k: int | None = None
+    n: int,
+    k: int,
+    e: int,
+    h: int,
+    ie: int,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    *,
+    elem_size: int = 2,
 ) -> SmallConfig:
     """Shape heuristic (no autotune: graph capture): the widest tiles that still give >= 2 programs
-    per SM, counting the expected number of distinct experts among N·k random picks of E."""
+    per SM, counting the expected number of distinct experts among N·k random picks of E. The
+    reduction chunk is 256 bytes of a weight row (128 bf16, 64 fp32): wider fp32 tiles exceed
+    sm_90's shared memory in the pipelined gate/up loop and spill registers in the down loop."""
     distinct = e * (1.0 - (1.0 - 1.0 / e) ** (n * k))
     gu_bn = block_n or _widest(lambda bn: distinct * triton.cdiv(ie, bn))
     dn_bn = block_n or _widest(lambda bn: n * triton.cdiv(h, bn))
-    gu_bk = block_k or min(128, triton.next_power_of_2(h))
-    dn_bk = block_k or min(128, triton.next_power_of_2(ie))
+    chunk = 256 // elem_size
+    gu_bk = block_k or min(chunk, triton.next_power_of_2(h))
+    dn_bk = block_k or min(chunk, triton.next_power_of_2(ie))
     return SmallConfig(max(16, gu_bn), max(16, gu_bk), max(16, dn_bn), max(16, dn_bk))
 
 

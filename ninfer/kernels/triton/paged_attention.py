@@ -24,7 +24,7 @@ def paged_attention(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     block_m: int = 16,
-    num_warps: int = 4,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of T new tokens over each sequence's pages (history + the new tokens).
 
@@ -34,7 +34,8 @@ def paged_attention(
     int; cache_lens: [B] int. Query i of sequence b sees keys 0 .. cache_lens[b] + i.
     Softmax in fp32 (online); scale defaults to hd^-0.5; num_splits > 1 splits each sequence's
     pages over that many programs (flash-decoding) and combines them in a second launch; None picks
-    enough splits for about four programs per SM on CUDA (at most 64 and max_pages), 1 on CPU. The
+    enough splits for about four programs per SM on CUDA (at most 64 and max_pages), 1 on CPU;
+    num_warps None: 8 for head_dim > 128 or fp32, else 4. The
     choice depends only on shapes, so a CUDA graph captured per (B, T, max_pages) stays valid.
     returns o: [B, T, nh, hd] in q's dtype (written into `out` when given).
     """
@@ -68,7 +69,7 @@ def paged_attention_decode(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     block_m: int = 16,
-    num_warps: int = 4,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """One query token per sequence: q [N, nh, hd] over its first seq_lens[n] cached keys (this
     token's key included); seq_lens 0 marks a padding row (output zeros). Pools and options as in
@@ -118,7 +119,7 @@ def _launch(
     num_splits: int | None,
     out: torch.Tensor | None,
     block_m: int,
-    num_warps: int,
+    num_warps: int | None,
 ) -> torch.Tensor:
     if q.dim() != 4 or k_pool.dim() != 4 or v_pool.shape != k_pool.shape:
         raise ValueError(
@@ -166,6 +167,8 @@ def _launch(
     if bsz == 0 or t == 0:
         return out
 
+    if num_warps is None:  # 4 warps spill registers at head_dim 256 or fp32 tiles on sm_90 (ptxas -v)
+        num_warps = 8 if hd > 128 or q.dtype == torch.float32 else 4
     grid = (bsz, nkv * m_blocks, num_splits)
     if num_splits == 1:
         dst, ml = out, out
