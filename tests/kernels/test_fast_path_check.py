@@ -31,15 +31,26 @@ from ops.bench.fast_path import check_fast_path
 DEVICE = "cuda" if os.environ["TRITON_INTERPRET"] == "0" else "cpu"
 
 
+@pytest.fixture(autouse=True)
+def _gemv_off_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interpreting the GEMV for every projection of a whole model costs minutes on the CPU; the
+    kernel has its own tests (tests/kernels/test_gemv.py) and runs here when compiled on a GPU."""
+    from ninfer.kernels.triton import gemv
+
+    if DEVICE == "cpu":
+        monkeypatch.setattr(gemv, "INTERPRETER_DISPATCH", False)
+
+
 def _model(kind: str):
     model = our_model(hf_model(kind, seed=5)).to(DEVICE, torch.bfloat16)
     model.init_buffers(DEVICE)
     return model
 
 
-# 40 tokens: prefill calls have > 64 (token, expert) rows, so the fast path's prefill MoE is the
-# loop (no grouped GEMM on the CPU) and only its decode step runs the (slow to interpret) small-MoE kernels
-IDS = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+# 72 tokens: one-chunk prefill calls have more than moe.SMALL_MAX_TOKENS tokens, so the fast path's
+# prefill MoE is the loop (no grouped GEMM on the CPU) and mostly its decode step runs the (slow to
+# interpret) small-MoE kernels
+IDS = torch.randint(0, VOCAB, (72,), generator=torch.Generator().manual_seed(3)).tolist()
 
 
 def test_fast_path_check_passes_the_triton_ops() -> None:

@@ -29,6 +29,16 @@ from ninfer.model.cache import KVPool, StatePool, make_batch
 DEVICE = "cuda" if os.environ["TRITON_INTERPRET"] == "0" else "cpu"
 
 
+@pytest.fixture(autouse=True)
+def _gemv_off_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interpreting the GEMV for every projection of a whole model costs minutes on the CPU; the
+    kernel has its own tests (tests/kernels/test_gemv.py) and runs here when compiled on a GPU."""
+    from ninfer.kernels.triton import gemv
+
+    if DEVICE == "cpu":
+        monkeypatch.setattr(gemv, "INTERPRETER_DISPATCH", False)
+
+
 def test_registry_and_fla_fallback_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     assert backends()["triton"] == ("cuda",)
     assert get_ops("cpu").name == "reference"

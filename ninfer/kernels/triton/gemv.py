@@ -158,6 +158,10 @@ def gemv_wins(m: int, n: int, k: int) -> bool:
 # read once at import (the kernel tests set TRITON_INTERPRET before importing kernels): torch.compile
 # cannot trace Triton's C getenv inside the decode step
 _INTERPRET = bool(knobs.runtime.interpret)
+# whether `linear` sends CPU tensors through the kernel under the interpreter (the kernel tests);
+# whole-model interpreter tests turn it off: the GEMV has its own tests, and interpreting it for
+# every projection multiplies their run time
+INTERPRETER_DISPATCH = _INTERPRET
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -165,7 +169,7 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if x.dim() == 0 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         return False
     m = x.numel() // max(1, x.shape[-1])
-    on_device = x.device.type == "cuda" or (x.device.type == "cpu" and _INTERPRET)
+    on_device = x.device.type == "cuda" or (x.device.type == "cpu" and INTERPRETER_DISPATCH)
     return (
         on_device
         and 1 <= m <= MAX_ROWS
