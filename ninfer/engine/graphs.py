@@ -4,113 +4,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
 import torch
 
+from ninfer.engine.step_io import StepOut, host_buffer, pack, packed_len, unpack
 from ninfer.model.cache import ForwardBatch
 
 log = logging.getLogger("ninfer.engine.graphs")
 
 # batch -> (hidden [B, q, H], float32 logits [B, q, V] with the padded ids masked)
 StepFn = Callable[[ForwardBatch], tuple[torch.Tensor, torch.Tensor]]
-
-
-# ----------------------------------------------------------------------------- packed batches
-@dataclass
-class StepRows:
-    """The input of one forward as plain lists: B rows of q tokens each."""
-
-    tokens: list[list[int]]  # [B][q]
-    starts: list[int]  # [B] tokens already cached (the first position of each row)
-    slots: list[int]  # [B] GDN slot read (and, without `writes`, overwritten)
-    pages: list[list[int]]  # [B][<= max_pages] KV pages of each row
-    offsets: list[int] | None = None  # [B] added to the positions (a multimodal rope_delta)
-    writes: list[list[int]] | None = None  # [B][q] slot receiving the GDN state after token t
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return len(self.tokens), len(self.tokens[0])
-
-
-def packed_len(b: int, q: int, max_pages: int, writes: bool = False) -> int:
-    """int64 words of one packed batch: ids B*q | positions 3*B*q | slots B | cache_lens B |
-    [write slots B*q] | page table B*max_pages int32 (two per word, the last word half used when
-    B*max_pages is odd)."""
-    return 4 * b * q + 2 * b + (b * q if writes else 0) + -(-b * max_pages // 2)
-
-
-def pack(
-    out: torch.Tensor,
-    tokens: Sequence[Sequence[int]],
-    starts: Sequence[int],
-    slots: Sequence[int],
-    pages: Sequence[Sequence[int]],
-    max_pages: int,
-    offsets: Sequence[int] | None = None,
-    writes: Sequence[Sequence[int]] | None = None,
-) -> torch.Tensor:
-    """Write a batch of B rows of q tokens into the flat int64 host buffer `out` [packed_len];
-    page-table rows are right-padded with -1. `offsets` (per row, e.g. a multimodal rope_delta) are
-    added to the positions; `writes` ([B][q] slots, see `ForwardBatch.write_slots`) are packed
-    before the page table. Returns `out`."""
-    b, q = len(tokens), len(tokens[0])
-    n = b * q
-    out[:n] = torch.tensor(tokens, dtype=torch.int64).view(-1)
-    lens = torch.tensor(starts, dtype=torch.int64)  # [B]
-    first = lens if offsets is None else lens + torch.tensor(offsets, dtype=torch.int64)
-    out[n : 4 * n].view(3, b, q)[:] = first[:, None] + torch.arange(q)  # [3, B, q], equal streams
-    out[4 * n : 4 * n + b] = torch.tensor(slots, dtype=torch.int64)
-    out[4 * n + b : 4 * n + 2 * b] = lens
-    at = 4 * n + 2 * b
-    if writes is not None:
-        w = torch.tensor(writes, dtype=torch.int64)
-        if tuple(w.shape) != (b, q):
-            raise ValueError(f"writes must be [B, q] = {(b, q)}, got {tuple(w.shape)}")
-        out[at : at + n] = w.view(-1)
-        at += n
-    table = out[at:].view(torch.int32)[: b * max_pages].view(b, max_pages)
-    table.fill_(-1)
-    for i, p in enumerate(pages):
-        if len(p) > max_pages:
-            raise ValueError(f"row {i} has {len(p)} pages, more than max_pages={max_pages}")
-        table[i, : len(p)] = torch.tensor(p, dtype=torch.int32)
-    return out
-
-
-def pack_rows(out: torch.Tensor, rows: StepRows, max_pages: int) -> torch.Tensor:
-    """`pack` of a `StepRows` (out: [packed_len(B, q, max_pages, rows.writes is not None)])."""
-    return pack(out, rows.tokens, rows.starts, rows.slots, rows.pages, max_pages, rows.offsets, rows.writes)
-
-
-def unpack(
-    flat: torch.Tensor,
-    b: int,
-    q: int,
-    max_pages: int,
-    max_kv_len: int | None = None,
-    writes: bool = False,
-) -> ForwardBatch:
-    """Views of a packed batch (host or device) as a `ForwardBatch`; no copy."""
-    n = b * q
-    at = 4 * n + 2 * b + (n if writes else 0)
-    return ForwardBatch(
-        input_ids=flat[:n].view(b, q),  # [B, q]
-        positions=flat[n : 4 * n].view(3, b, q),  # [3, B, q]
-        slots=flat[4 * n : 4 * n + b],  # [B]
-        page_table=flat[at:].view(torch.int32)[: b * max_pages].view(b, max_pages),
-        cache_lens=flat[4 * n + b : 4 * n + 2 * b],  # [B]
-        max_kv_len=max_kv_len,
-        write_slots=flat[4 * n + 2 * b : at].view(b, q) if writes else None,  # [B, q]
-    )
-
-
-def host_buffer(words: int, device: torch.device) -> torch.Tensor:
-    """A fresh flat int64 staging buffer, pinned when it is bound for a GPU (the caching host
-    allocator keeps it until the copy that reads it has run, so reuse is safe)."""
-    return torch.empty(words, dtype=torch.int64, pin_memory=device.type == "cuda")
 
 
 # ----------------------------------------------------------------------------- capture backends
@@ -180,21 +86,6 @@ class EagerCapture:
 
 
 # ----------------------------------------------------------------------------- the manager
-@dataclass
-class StepOut:
-    """One forward's outputs: views of static buffers when replayed (valid until the next replay
-    of the same q), fresh tensors when eager."""
-
-    hidden: torch.Tensor  # [B, q, H] after the final norm
-    logits: torch.Tensor  # [B, q, V] float32, padded ids (>= vocab_limit) at -inf
-    argmax: torch.Tensor | None = None  # [B, q] int64 greedy choice (in-graph), None when eager
-
-    def greedy(self) -> list[list[int]]:
-        """[B][q] argmax of the logits: one device->host transfer of B*q ints."""
-        top = self.argmax if self.argmax is not None else self.logits.argmax(-1)
-        return top.tolist()
-
-
 @dataclass
 class GraphStats:
     """What capture cost; `error` says why graphs are off when capture failed. The decode graphs

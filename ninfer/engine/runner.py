@@ -8,22 +8,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ninfer.engine.graphs import (
-    CaptureBackend,
-    CudaCapture,
-    DecodeGraphs,
-    GraphStats,
-    StepFn,
-    StepOut,
-    StepRows,
-    host_buffer,
-    pack,
-    pack_rows,
-    packed_len,
-    unpack,
-)
+from ninfer.engine.graphs import CaptureBackend, CudaCapture, DecodeGraphs, GraphStats, StepFn
 from ninfer.engine.plan import DecodePlan, PrefillPlan, SlotOp, StepPlan, StepResult
 from ninfer.engine.sampler import sample_rows
+from ninfer.engine.step_io import StepOut, StepRows, host_buffer, pack, pack_rows, packed_len, unpack
 from ninfer.model.cache import ForwardBatch, KVPool, StatePool
 
 if TYPE_CHECKING:

@@ -13,10 +13,11 @@ import torch
 from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
-from ninfer.engine.graphs import DecodeGraphs, EagerCapture, pack, packed_len, unpack
+from ninfer.engine.graphs import DecodeGraphs, EagerCapture
 from ninfer.engine.plan import DecodePlan, DecodeRow, PrefillPlan
 from ninfer.engine.runner import Runner
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
+from ninfer.engine.step_io import pack, packed_len, unpack
 from ninfer.model.cache import PAGE_SIZE, KVPool, StatePool, make_batch
 
 CPU = torch.device("cpu")

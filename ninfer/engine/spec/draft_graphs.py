@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.engine.graphs import CaptureBackend, EagerCapture, GraphStats, host_buffer
+from ninfer.engine.graphs import CaptureBackend, EagerCapture, GraphStats
+from ninfer.engine.step_io import host_buffer
 from ninfer.model.cache import PAGE_SIZE, ForwardBatch, KVPool
 
 log = logging.getLogger("ninfer.engine.spec.draft_graphs")

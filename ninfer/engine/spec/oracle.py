@@ -15,11 +15,11 @@ from collections.abc import Callable
 
 import torch
 
-from ninfer.engine.graphs import StepOut, StepRows
 from ninfer.engine.plan import DecodeRow, SlotOp
 from ninfer.engine.spec.decoder import copy_slots
 from ninfer.engine.spec.mtp import Proposal
 from ninfer.engine.spec.rejection import greedy_token, plain_greedy
+from ninfer.engine.step_io import StepOut, StepRows
 from ninfer.model.cache import StatePool
 
 
