@@ -4,6 +4,7 @@ Usage (from the repository root):
 
     python ops/bench/run.py --out ops/bench/results [--models qwen3.6-27b,qwen3.6-35b-a3b] [--quick]
         [--backend triton] [--compile MODELS] [--skip eager,ttft,prefill,int8,spec,hf] [--startup MODELS] [--budget-s 540]
+        [--spec-ks 3 --spec-acceptance 100 --spec-batches 1]   # narrow the speculative rows
     python ops/bench/run.py --smoke --out /tmp/x     # tiny models on the CPU, every section, seconds
 
 Per model (model-reference §2.5 shapes; `shapes.py`): bf16 weights drawn on the device, the fast
@@ -22,6 +23,7 @@ the models (time one leaves goes to the next); sections past it are skipped and 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import gc
 import subprocess
@@ -39,7 +41,7 @@ from ninfer.kernels.dispatch import backends  # noqa: E402
 from ninfer.service.compile_cache import setup_compile_cache  # noqa: E402
 from ops.bench.ceilings import GiB, copy_bandwidth_TBps, matmul_peak_TFLOPs  # noqa: E402
 from ops.bench.engine_runs import EngineSpec  # noqa: E402
-from ops.bench.model_run import ModelArgs, bench_model, sizes_for  # noqa: E402
+from ops.bench.model_run import ModelArgs, Sizes, bench_model, sizes_for  # noqa: E402
 from ops.bench.report import provenance, summary_table, write_json  # noqa: E402
 from ops.bench.startup import startup_rows  # noqa: E402
 
@@ -70,7 +72,7 @@ def model_args(name: str, args: argparse.Namespace) -> ModelArgs:
         smoke=args.smoke,
         backend=args.backend,
         es=EngineSpec(args.device, args.dtype, args.prefill_chunk),
-        sizes=sizes_for(args.smoke, args.quick, args.decode_tokens, args.proposal_ids),
+        sizes=spec_override(sizes_for(args.smoke, args.quick, args.decode_tokens, args.proposal_ids), args),
         decode_tokens=args.decode_tokens,
         hf_tokens=args.hf_tokens,
         skip=tuple(s for s in args.skip.split(",") if s),
@@ -107,6 +109,14 @@ def run_child(name: str, args: argparse.Namespace, bw: float, peak: float, secon
             "--prefill-chunk", str(args.prefill_chunk), "--decode-tokens", str(args.decode_tokens),
             "--hf-tokens", str(args.hf_tokens), "--proposal-ids", str(args.proposal_ids),
             "--compile", args.compile, "--skip", args.skip, "--out", args.out]  # fmt: skip
+    argv += [
+        "--spec-ks",
+        args.spec_ks,
+        "--spec-acceptance",
+        args.spec_acceptance,
+        "--spec-batches",
+        args.spec_batches,
+    ]
     argv += ["--no-hf"] * args.no_hf + ["--quick"] * args.quick + ["--smoke"] * args.smoke
     try:
         rc: int | str = subprocess.run(argv, cwd=ROOT, timeout=seconds + 120).returncode
@@ -117,6 +127,21 @@ def run_child(name: str, args: argparse.Namespace, bw: float, peak: float, secon
     if rc != 0 and "error" not in res:
         res["error"] = f"bench process for {name} ended with {rc}"
     return res
+
+
+def spec_override(sizes: Sizes, args: argparse.Namespace) -> Sizes:
+    """The speculative rows narrowed by --spec-ks / --spec-acceptance / --spec-batches."""
+
+    def ints(text: str, default: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(int(v) for v in text.split(",") if v) or default
+
+    spec = dataclasses.replace(
+        sizes.spec,
+        ks=ints(args.spec_ks, sizes.spec.ks),
+        acceptance_pct=ints(args.spec_acceptance, sizes.spec.acceptance_pct),
+        batches=ints(args.spec_batches, sizes.spec.batches),
+    )
+    return dataclasses.replace(sizes, spec=spec)
 
 
 def parse_args() -> argparse.Namespace:
@@ -132,6 +157,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--hf-tokens", type=int, default=None)
     ap.add_argument("--proposal-ids", type=int, default=32768, help="rows of the timed proposal head")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument(
+        "--spec-ks", default="", help="speculative rows: drafts per round, comma list (default by mode)"
+    )
+    ap.add_argument(
+        "--spec-acceptance", default="", help="speculative rows: oracle acceptance in %%, comma list"
+    )
+    ap.add_argument("--spec-batches", default="", help="speculative rows: batch sizes, comma list")
     ap.add_argument("--quick", action="store_true", help="fewer sizes (512/4k TTFT, batch 1 and 8, k 1/3/5)")
     ap.add_argument("--compile", default="", help="models (comma list) whose torch.compile'd decode is timed")
     ap.add_argument(
