@@ -43,7 +43,7 @@ def summary_table(result: dict[str, Any]) -> str:
 
 
 def provenance(script: str, argv: list[str]) -> dict[str, Any]:
-    """Where a result comes from: commit (git, else $NINFER_COMMIT), uncommitted tracked files,
+    """Where a result comes from: commit ($NINFER_COMMIT, else git), uncommitted tracked files,
     UTC date, torch / Triton versions, GPU name and the command line."""
     import datetime as dt
     import os
@@ -66,7 +66,8 @@ def provenance(script: str, argv: list[str]) -> dict[str, Any]:
     except ImportError:
         triton_version = None
     return {
-        "commit": git("rev-parse", "--short", "HEAD") or os.environ.get("NINFER_COMMIT", "unknown"),
+        # $NINFER_COMMIT first: a copied tree's git metadata can lag behind its files
+        "commit": os.environ.get("NINFER_COMMIT") or git("rev-parse", "--short", "HEAD") or "unknown",
         "uncommitted_files": len(git("status", "--short", "--untracked-files=no").splitlines()),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
