@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One GPU call that checks and times everything, within a wall budget, into one output folder.
+#
+#   NINFER_COMMIT=$(git rev-parse --short HEAD) bash ops/bench/gpu_call.sh OUT_DIR [BUDGET_S] [STEPS]
+#
+# Run from the repository root of a committed tree (results carry $NINFER_COMMIT). Wheels of
+# packages the GPU machine lacks (fla-core, hydra-core, omegaconf, antlr4, pydantic-settings,
+# python-dotenv) are installed from .whl/ when that folder exists. STEPS (default
+# "bench_27b bench_35b kernel_tests micro") run in order, each bounded by what is left of
+# BUDGET_S (default 540): the 27B bench with its speculative rows; the 35B-A3B bench with a
+# cold / warm start; the compiled kernel tests; the MoE and GEMV micro-benchmarks. At most
+# eight files land in OUT_DIR (logs, result JSON; the 35B-A3B result under OUT_DIR/m35).
+set -u
+out=${1:?usage: gpu_call.sh OUT_DIR [BUDGET_S]}
+budget=${2:-540}
+steps=${3:-bench_27b bench_35b kernel_tests micro}
+mkdir -p "$out"
+start=$(date +%s)
+left() { echo $((budget - ($(date +%s) - start))); }
+
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/ninfer-site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/ninfer-site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export NINFER_COMMIT=${NINFER_COMMIT:-unknown}
+
+run() {  # run NAME SECONDS CMD...: bounded by the budget left, output appended to OUT/NAME.log
+    local name=$1 want=$2
+    shift 2
+    local secs
+    secs=$(left)
+    [ "$secs" -gt "$want" ] && secs=$want
+    if [ "$secs" -lt 30 ]; then
+        echo "skipped $name: budget spent"
+        return
+    fi
+    echo "== $name ($secs s)"
+    timeout "$secs" "$@" >>"$out/$name.log" 2>&1
+    echo "   rc=$? $(tail -n 1 "$out/$name.log")"
+}
+
+for step in $steps; do
+    case $step in
+    bench_27b) run bench_27b 300 python3 ops/bench/run.py --quick --models qwen3.6-27b --skip hf \
+        --budget-s 280 --out "$out" ;;
+    bench_35b) run bench_35b 220 python3 ops/bench/run.py --quick --models qwen3.6-35b-a3b --skip hf,spec \
+        --startup qwen3.6-35b-a3b --budget-s 200 --out "$out/m35" ;;
+    kernel_tests) run kernel_tests 180 env TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider tests/kernels ;;
+    micro)
+        run micro 90 python3 ops/bench/moe_micro.py --out "$out"
+        run micro 60 python3 ops/bench/gemv_micro.py --out "$out"
+        ;;
+    *) echo "unknown step $step (bench_27b bench_35b kernel_tests micro)" ;;
+    esac
+done
+echo "done in $(($(date +%s) - start)) s"
