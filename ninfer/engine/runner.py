@@ -204,13 +204,7 @@ class Runner:
         if self.spec is not None:
             return self.spec.decode(plan)
         rows = plan.rows
-        offsets = [r.rope_delta for r in rows] if any(r.rope_delta for r in rows) else None
-        step = self.forward(
-            StepRows(
-                [[r.token] for r in rows], [r.position for r in rows], [r.slot for r in rows],
-                [r.pages for r in rows], offsets,
-            )
-        )  # fmt: skip
+        step = self.forward(StepRows.for_decode(rows, [[r.token] for r in rows]))
         out = sample_rows(step.logits[:, -1], [r.sampler for r in rows])  # logits [B, V] float32
         return StepResult(seq_ids=[r.seq_id for r in rows], tokens=out)
 

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ninfer.model.cache import ForwardBatch
+
+if TYPE_CHECKING:
+    from ninfer.engine.plan import DecodeRow
 
 
 @dataclass
@@ -26,6 +30,16 @@ class StepRows:
     @property
     def shape(self) -> tuple[int, int]:
         return len(self.tokens), len(self.tokens[0])
+
+    @classmethod
+    def for_decode(
+        cls, rows: Sequence[DecodeRow], inputs: list[list[int]], writes: list[list[int]] | None = None
+    ) -> StepRows:
+        """Decode rows fed `inputs` [B][q] from their positions into their live slots (offsets
+        only when some row carries a multimodal rope_delta)."""
+        offsets = [r.rope_delta for r in rows] if any(r.rope_delta for r in rows) else None
+        return cls(inputs, [r.position for r in rows], [r.slot for r in rows], [r.pages for r in rows],
+                   offsets, writes)  # fmt: skip
 
 
 def packed_len(b: int, q: int, max_pages: int, writes: bool = False) -> int:

@@ -158,18 +158,6 @@ class SpecDecoder:
         """[3, q] rotary positions of q tokens fed from r.position (multimodal prompts: + rope_delta)."""
         return rope_positions([r.position + r.rope_delta], q, self.device)[:, 0]
 
-    @staticmethod
-    def _rows(rows: list[DecodeRow], inputs: list[list[int]], writes: list[list[int]] | None) -> StepRows:
-        offsets = [r.rope_delta for r in rows] if any(r.rope_delta for r in rows) else None
-        return StepRows(
-            inputs,
-            [r.position for r in rows],
-            [r.slot for r in rows],
-            [r.pages for r in rows],
-            offsets,
-            writes,
-        )
-
     def decode(self, plan: DecodePlan) -> StepResult:
         rows, k = plan.rows, self.k
         n = len(rows)
@@ -180,7 +168,7 @@ class SpecDecoder:
         plain = [i for i in range(n) if i not in chosen]
         if plain:  # too close to the end of its pages for k+1 KV rows: one ordinary step
             prow = [rows[i] for i in plain]
-            out = self.forward(self._rows(prow, [[r.token] for r in prow], None))  # hidden [P, 1, H]
+            out = self.forward(StepRows.for_decode(prow, [[r.token] for r in prow]))  # hidden [P, 1, H]
             tokens = sample_rows(out.logits[:, -1], [r.sampler for r in prow])
             for j, (i, r) in enumerate(zip(plain, prow, strict=True)):
                 runs[i] = [tokens[j]]
@@ -195,7 +183,9 @@ class SpecDecoder:
             proposals = self.drafter.propose(srows, k)
             inputs = [[r.token, *p.tokens] for r, p in zip(srows, proposals, strict=True)]
             writes = [[*s[:k], r.slot] for r, s in zip(srows, scratch, strict=True)]
-            out = self.forward(self._rows(srows, inputs, writes))  # hidden [S, k+1, H], logits [S, k+1, V]
+            out = self.forward(
+                StepRows.for_decode(srows, inputs, writes)
+            )  # hidden [S, k+1, H], logits [S, k+1, V]
             hidden = out.hidden
             greedy = out.greedy() if any(plain_greedy(r.sampler) for r in srows) else []
             for j, (i, r, p) in enumerate(zip(spec, srows, proposals, strict=True)):
