@@ -205,7 +205,7 @@ class Runner:
             return self.spec.decode(plan)
         rows = plan.rows
         step = self.forward(StepRows.for_decode(rows, [[r.token] for r in rows]))
-        out = sample_rows(step.logits[:, -1], [r.sampler for r in rows])  # logits [B, V] float32
+        out = sample_rows(step.logits[:, -1], [r.sampler for r in rows], step.last_argmax())  # [B, V] float32
         return StepResult(seq_ids=[r.seq_id for r in rows], tokens=out)
 
 

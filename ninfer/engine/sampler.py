@@ -211,8 +211,12 @@ def batch_probs(logits: torch.Tensor, samplers: list[RowSampler]) -> torch.Tenso
     return probs
 
 
-def sample_rows(logits: torch.Tensor, samplers: list[RowSampler]) -> list[int]:
-    """logits: [B, V] float32; row i is sampled by samplers[i] alone.
+def sample_rows(
+    logits: torch.Tensor, samplers: list[RowSampler], argmax: torch.Tensor | None = None
+) -> list[int]:
+    """logits: [B, V] float32; row i is sampled by samplers[i] alone. `argmax` [B]: the logits'
+    argmax when the caller has it already (a decode graph computes it in-graph); used only when
+    no penalty changes the logits.
 
     Same tokens as `[s.sample(logits[i]) ...]`: greedy rows share one argmax; stochastic rows
     draw `argmax(probs / Exp(1))` from their own generator, which is exactly what
@@ -222,8 +226,10 @@ def sample_rows(logits: torch.Tensor, samplers: list[RowSampler]) -> list[int]:
     b = logits.shape[0]
     if b == 0:
         return []
-    logits = _penalized(logits, samplers)
-    greedy_tok = torch.argmax(logits, dim=-1)  # [B]
+    adjusted = _penalized(logits, samplers)
+    if argmax is None or adjusted is not logits:
+        argmax = torch.argmax(adjusted, dim=-1)
+    logits, greedy_tok = adjusted, argmax  # [B, V], [B]
     stochastic = [i for i, s in enumerate(samplers) if s.params.temperature != 0.0]
     if not stochastic:
         return greedy_tok.tolist()

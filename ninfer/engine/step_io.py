@@ -129,6 +129,10 @@ class StepOut:
     logits: torch.Tensor  # [B, q, V] float32, padded ids (>= vocab_limit) at -inf
     argmax: torch.Tensor | None = None  # [B, q] int64 greedy choice (in-graph), None when eager
 
+    def last_argmax(self) -> torch.Tensor | None:
+        """[B] the in-graph argmax of each row's last position, None when eager."""
+        return None if self.argmax is None else self.argmax[:, -1]
+
     def greedy(self) -> list[list[int]]:
         """[B][q] argmax of the logits: one device->host transfer of B*q ints."""
         top = self.argmax if self.argmax is not None else self.logits.argmax(-1)

@@ -101,3 +101,20 @@ def test_invalid_distribution_raises_like_multinomial() -> None:
     g = resolve_sampling(SamplingParams(temperature=0.0), None, SamplingOverrides())
     assert sample_rows(logits[:1], [RowSampler(g)]) == [int(logits[0].argmax())]
     assert sample_rows(torch.empty(0, V), []) == []
+
+
+def test_a_given_argmax_serves_greedy_rows_unless_penalties_change_the_logits() -> None:
+    logits = _logits(3, 7)
+    greedy = [
+        RowSampler(resolve_sampling(SamplingParams(temperature=0.0), None, SamplingOverrides()))
+        for _ in range(3)
+    ]
+    planted = torch.tensor([5, 6, 7])  # not the logits' argmax: shows which one was used
+    assert sample_rows(logits, greedy, planted) == [5, 6, 7]
+    assert sample_rows(logits, greedy) == logits.argmax(-1).tolist()
+    penal = resolve_sampling(SamplingParams(temperature=0.0, presence_penalty=1.5), None, SamplingOverrides())
+    rows = [RowSampler(penal) for _ in range(3)]
+    for r in rows:
+        r.observe(int(logits[0].argmax()))  # the penalty moves row 0's argmax
+    want = [s.sample(logits[i]) for i, s in enumerate(rows)]
+    assert sample_rows(logits, rows, planted) == want

@@ -169,7 +169,7 @@ class SpecDecoder:
         if plain:  # too close to the end of its pages for k+1 KV rows: one ordinary step
             prow = [rows[i] for i in plain]
             out = self.forward(StepRows.for_decode(prow, [[r.token] for r in prow]))  # hidden [P, 1, H]
-            tokens = sample_rows(out.logits[:, -1], [r.sampler for r in prow])
+            tokens = sample_rows(out.logits[:, -1], [r.sampler for r in prow], out.last_argmax())
             for j, (i, r) in enumerate(zip(plain, prow, strict=True)):
                 runs[i] = [tokens[j]]
                 self.drafter.after_forward(
