@@ -104,9 +104,9 @@ def build_spec(
         return layout.drafts(live_slot // layout.per_lane)
 
     drafter: Drafter
-    if config.spec_oracle_wrong_fraction is not None:  # drafts on the first scratch slot
+    if config.spec_oracle_wrong_fraction is not None:  # drafts through the lane's scratch slots
         drafter = OracleDrafter(
-            states, lambda slot: scratch(slot)[0], model.config.vocab_size,
+            scratch, model.config.vocab_size,
             config.spec_oracle_wrong_fraction, config.spec_oracle_seed, config.vocab_limit,
         )  # fmt: skip
     elif config.spec_method == "dflash":

@@ -1,11 +1,20 @@
 """Oracle drafter, a testing and benchmarking aid: drafts are the target's own greedy continuation.
 
-It runs k plain target decode steps (the runner's q = 1 decode graphs when captured) on a scratch
-copy of each row's GDN state (so its cost is k target forwards, not an MTP's: time it separately), then replaces each draft by a wrong token
-with probability `wrong_fraction` (its own seeded generator). With `wrong_fraction = 0` every draft
-of a greedy request is accepted, which exercises long accepted runs and stops inside them; a
-fraction sets the acceptance rate to measure verification. Stochastic requests see these drafts
-as deterministic (one-hot q), so their outputs stay exact samples of the target.
+It drafts with k target forwards of the verification's own shape (B rows of k+1 tokens, the
+runner's verify graph when captured): forward j feeds [t_last, d_1..d_j] padded to k+1 tokens and
+takes its choice at position j. Every kernel of a forward treats its rows independently and causally,
+so that choice is bit-for-bit what verification will compute there; drafting with q = 1 decode steps
+instead would meet near-tied logits that the q = 1 and q = k+1 GEMMs (different reduction orders)
+break differently, and "every draft right" would accept only about two in three at random weights.
+The forwards read each row's live GDN slot and write the per-token states into the lane's scratch
+slots (never the live one); the KV rows they write past the committed prefix are rewritten by the
+verification. Its cost is k target forwards, not an MTP's draft steps: time it separately.
+
+Each draft is then replaced by a wrong token with probability `wrong_fraction` (its own seeded
+generator). With `wrong_fraction = 0` every draft of a greedy request is accepted, which exercises
+long accepted runs and stops inside them; a fraction sets the acceptance rate to measure
+verification. Stochastic requests see these drafts as deterministic (one-hot q), so their outputs
+stay exact samples of the target.
 """
 
 from __future__ import annotations
@@ -16,11 +25,9 @@ from collections.abc import Callable
 import torch
 
 from ninfer.engine.plan import DecodeRow, SlotOp
-from ninfer.engine.spec.decoder import copy_slots
 from ninfer.engine.spec.mtp import Proposal
 from ninfer.engine.spec.rejection import greedy_token, plain_greedy
 from ninfer.engine.step_io import StepOut, StepRows
-from ninfer.model.cache import StatePool
 
 
 class OracleDrafter:
@@ -28,8 +35,7 @@ class OracleDrafter:
 
     def __init__(
         self,
-        states: StatePool,
-        scratch_slot: Callable[[int], int],
+        scratch_slots: Callable[[int], tuple[int, ...]],
         vocab: int,
         wrong_fraction: float,
         seed: int = 0,
@@ -37,15 +43,14 @@ class OracleDrafter:
     ) -> None:
         if not 0.0 <= wrong_fraction <= 1.0:
             raise ValueError(f"spec_oracle_wrong_fraction must be in [0, 1], got {wrong_fraction}")
-        self.states = states
-        self.scratch_slot = scratch_slot
+        self.scratch_slots = scratch_slots  # live slot -> the lane's k scratch slots
         self.wrong_fraction = wrong_fraction
         self.rng = random.Random(seed)
         self.vocab = vocab if vocab_limit is None else min(vocab, vocab_limit)
         self._forward: Callable[[StepRows], StepOut] | None = None
 
     def bind(self, forward: Callable[[StepRows], StepOut]) -> None:
-        """The runner's target forward: q = 1 steps replay its decode graphs when captured."""
+        """The runner's target forward: (B, k+1) forwards replay its verify graphs when captured."""
         self._forward = forward
 
     def slot_op(self, op: SlotOp) -> None:
@@ -66,34 +71,25 @@ class OracleDrafter:
     def propose(self, rows: list[DecodeRow], k: int) -> list[Proposal]:
         if self._forward is None:
             raise RuntimeError("OracleDrafter has no target forward: bind() it to the runner's")
-        scratch = [self.scratch_slot(r.slot) for r in rows]
-        copy_slots(self.states, [(r.slot, s) for r, s in zip(rows, scratch, strict=True)])
+        # the state after token t goes to scratch[t]; the last token's also to scratch[k-1], not the live slot
+        writes = [[*s[:k], s[k - 1]] for s in (self.scratch_slots(r.slot) for r in rows)]
         drafts: list[list[int]] = [[] for _ in rows]
-        last = [r.token for r in rows]
-        offsets = [r.rope_delta for r in rows] if any(r.rope_delta for r in rows) else None
+        greedy_rows = any(plain_greedy(r.sampler) for r in rows)
         for j in range(k):
-            out = self._forward(
-                StepRows(
-                    [[t] for t in last],
-                    [r.position + j for r in rows],
-                    scratch,
-                    [r.pages for r in rows],
-                    offsets,
-                )
-            )
-            logits = out.logits[:, -1]  # [B, V] float32, padded ids masked
-            top = [g[-1] for g in out.greedy()] if any(plain_greedy(r.sampler) for r in rows) else []
-            last = [
-                top[i] if plain_greedy(r.sampler) else greedy_token(r.sampler, logits[i], drafts[i])
-                for i, r in enumerate(rows)
+            inputs = [
+                [r.token, *d] + [d[-1] if d else r.token] * (k - len(d))
+                for r, d in zip(rows, drafts, strict=True)
             ]
-            for d, t in zip(drafts, last, strict=True):
-                d.append(t)
-        out_p = []
-        for d in drafts:
-            shown = [self._maybe_wrong(t) for t in d]
-            out_p.append(Proposal(shown, None))
-        return out_p
+            out = self._forward(StepRows.for_decode(rows, inputs, writes))  # logits [B, k+1, V]
+            top = out.greedy() if greedy_rows else []  # [B][k+1]
+            for i, r in enumerate(rows):
+                t = (
+                    top[i][j]
+                    if plain_greedy(r.sampler)
+                    else greedy_token(r.sampler, out.logits[i, j], drafts[i])
+                )
+                drafts[i].append(t)
+        return [Proposal([self._maybe_wrong(t) for t in d], None) for d in drafts]
 
     def _maybe_wrong(self, token: int) -> int:
         if self.wrong_fraction > 0 and self.rng.random() < self.wrong_fraction:
