@@ -137,11 +137,28 @@ def category(kernel: str) -> str:
     return "elementwise/other"
 
 
+def graph_replay_ms(engine: Engine, bs: int, reps: int = 20) -> float | None:
+    """Mean ms of the captured decode graph of `bs` rows replayed back to back (its last inputs,
+    no host work between replays): the step's GPU time including the gaps between its kernels.
+    Against the runner's step time it isolates the host's share; None without that graph."""
+    graphs = engine.runner.graphs
+    if graphs is None or not graphs.has(bs):
+        return None
+    dev = torch.device(engine.config.device)
+    replay = graphs._replay[(bs, 1)]
+    replay()
+    sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        replay()
+    sync(dev)
+    return (time.perf_counter() - t0) * 1e3 / reps
+
+
 def profile_decode_step(engine: Engine, bs: int, context: int) -> dict[str, Any]:
     """Kernel time of one eager decode step at `bs` rows (`context` tokens each) by category,
     against the step's wall time: sum(kernels) << wall means launch / host overhead. On a CPU
     device the operators' self CPU time stands in for kernel time."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     runner = engine.runner
@@ -162,6 +179,14 @@ def profile_decode_step(engine: Engine, bs: int, context: int) -> dict[str, Any]
         with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
             runner._decode_logits(batch)
             sync(dev)
+    return {"bs": bs, "context": context, "eager_step_ms": wall * 1e3, **kernel_table(prof, cuda)}
+
+
+def kernel_table(prof: Any, cuda: bool) -> dict[str, Any]:
+    """A finished torch profiler's kernels (their self CPU time on a CPU) as the bench's table:
+    total ms, launches, ms by category and the 15 costliest kernels."""
+    from torch.autograd import DeviceType
+
     want = DeviceType.CUDA if cuda else DeviceType.CPU
     cats: dict[str, float] = {}
     top: list[tuple[float, str, int]] = []
@@ -178,9 +203,6 @@ def profile_decode_step(engine: Engine, bs: int, context: int) -> dict[str, Any]
         top.append((us / 1e3, ev.key[:90], ev.count))
     top.sort(reverse=True)
     return {
-        "bs": bs,
-        "context": context,
-        "eager_step_ms": wall * 1e3,
         "kernel_ms": sum(cats.values()),
         "kernels_per_step": launches,
         "kernel_ms_by_category": {k: round(v, 3) for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},

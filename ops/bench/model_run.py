@@ -9,7 +9,14 @@ from typing import Any
 
 import torch
 
-from ops.bench.engine_runs import EngineSpec, free, make_engine, profile_decode_step, run_requests
+from ops.bench.engine_runs import (
+    EngineSpec,
+    free,
+    graph_replay_ms,
+    make_engine,
+    profile_decode_step,
+    run_requests,
+)
 from ops.bench.fast_path import check_fast_path
 from ops.bench.hf_baseline import hf_decode_tok_s
 from ops.bench.int8_kv import int8_kv_section
@@ -116,6 +123,9 @@ def bench_model(
         log(f"{a.name}: decode bs={bs} at {ctx} = {r['decode_tok_s']:.1f} tok/s (step {r['step_ms']:.2f} ms)")
         save()
     res["roofline_fraction_bs1"] = res["decode_tok_s"]["1"] / res["roofline_decode_tok_s_bs1"]
+    # the engine is idle: replaying a graph rewrites only the pages and slots of its last (finished) batch
+    res["graph_replay_ms"] = {str(bs): graph_replay_ms(eng, bs) for bs in sz.batches}
+    log(f"{a.name}: graph replay ms {res['graph_replay_ms']}")
     free(eng)
 
     if section("eager decode + profile", need(60)):

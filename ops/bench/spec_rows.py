@@ -35,7 +35,7 @@ from ninfer.engine.spec.draft_head import DraftHead
 from ninfer.engine.spec.mtp import MTPDrafter, Pending, rope_positions
 from ninfer.model.qwen35 import Qwen35Model
 from ops.bench.ceilings import median_seconds, sync
-from ops.bench.engine_runs import EngineSpec, free, make_engine, run_requests
+from ops.bench.engine_runs import EngineSpec, free, kernel_table, make_engine, run_requests
 from ops.bench.shapes import attach_mtp, random_prompt
 
 PAGE = 64
@@ -52,10 +52,17 @@ class SpecSizes:
 
 
 def draft_step_ms(
-    model: Qwen35Model, head: DraftHead | None, bs: int, context: int, k: int, reps: int
+    model: Qwen35Model,
+    head: DraftHead | None,
+    bs: int,
+    context: int,
+    k: int,
+    reps: int,
+    profile: dict[str, Any] | None = None,
 ) -> tuple[float, str]:
     """Median ms per draft of the MTP drafter's greedy proposal of k drafts at `bs` rows after
-    `context` tokens, and the mode timed ("graph": one captured replay per round, "eager")."""
+    `context` tokens, and the mode timed ("graph": one captured replay per round, "eager").
+    `profile`, when given and on a GPU, receives `draft_replay_profile` of the graph."""
     dev = model.lm_head.weight.device
     dtype = model.lm_head.weight.dtype
     per = -(-(context + k + 1) // PAGE)
@@ -75,7 +82,21 @@ def draft_step_ms(
 
     with torch.inference_mode():
         secs = median_seconds(step, dev, reps, 3)
+        if profile is not None and drafter.graphs is not None:
+            profile.update(draft_replay_profile(drafter.graphs._replay[bs], dev, k))
     return secs * 1e3 / k, mode
+
+
+def draft_replay_profile(replay: Callable[[], None], dev: torch.device, k: int) -> dict[str, Any]:
+    """The captured proposal replayed alone (its last inputs, no host work): ms per draft step,
+    and its kernels per round (against `draft_step_ms`, the engine's host share)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    replay_ms = median_seconds(replay, dev, 10, 3) * 1e3 / k
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        replay()
+        sync(dev)
+    return {"replay_ms_per_step": replay_ms, "per_round": kernel_table(prof, True)}
 
 
 def proposal_head(model: Qwen35Model, n: int) -> DraftHead:
@@ -125,9 +146,11 @@ def spec_section(
         head = proposal_head(model, min(sizes.proposal_ids, vocab))
         k_step = 3 if 3 in sizes.ks else max(sizes.ks)
         full_ms, prop_ms, modes = {}, {}, set()
+        profiles: dict[str, dict[str, Any]] = {"full_head": {}, "proposal_head": {}}
         for bs in sizes.batches:
-            for table, h in ((full_ms, None), (prop_ms, head)):
-                table[str(bs)], mode = draft_step_ms(model, h, bs, sizes.context, k_step, 10)
+            for name, table, h in (("full_head", full_ms, None), ("proposal_head", prop_ms, head)):
+                prof = profiles[name] if bs == min(sizes.batches) and es.device.startswith("cuda") else None
+                table[str(bs)], mode = draft_step_ms(model, h, bs, sizes.context, k_step, 10, prof)
                 modes.add(mode)
     finally:
         model.mtp = None
@@ -139,6 +162,7 @@ def spec_section(
         "draft_step_ms_by_bs": {"full_head": full_ms, "proposal_head": prop_ms},
         "proposal_head_ids": head.size,
         "proposal_head_step_ratio": full_ms[b1] / prop_ms[b1],
+        "draft_replay_profile_bs1": profiles,
         "context": sizes.context,
         "decode_tokens": sizes.decode_tokens,
         "oracle": {},
