@@ -1,4 +1,4 @@
-"""`moe_experts_small` (deduplicated gate/up + per-token down) against `moe_ref` on the CPU interpreter."""
+"""`moe_experts_small` (deduplicated gate/up and down, slot-order sum) against `moe_ref` on the CPU interpreter."""
 
 import os
 
@@ -60,12 +60,21 @@ def test_every_token_same_experts(dtype: torch.dtype) -> None:
     _check(out, moe_ref.moe_experts(x, gu, dn, ids, w), dtype)
 
 
-def test_verify_sized() -> None:
-    """8 sequences x 6 draft positions = 48 tokens x top-8 = 384 rows (the op's limit); fp32, tight."""
-    dtype = torch.float32
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_verify_sized(dtype: torch.dtype) -> None:
+    """8 sequences x 6 draft positions = 48 tokens x top-8 = 384 rows (the op's limit), experts shared."""
     x, gu, dn, ids, w = _case(48, e=24, h=32, ie=16, k=8, dtype=dtype, seed=5)
     assert ids.numel() == moe.SMALL_MAX_ROWS
     out = moe.moe_experts_small(x, gu, dn, ids.to(torch.int32), w, block_n=32, block_k=32)
+    _check(out, moe_ref.moe_experts(x, gu, dn, ids, w), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_most_tokens(dtype: torch.dtype) -> None:
+    """64 tokens (the op's limit: a 64-wide token tile) x top-6 = 384 rows over 16 experts."""
+    x, gu, dn, ids, w = _case(moe.SMALL_MAX_TOKENS, e=16, h=48, ie=24, k=6, dtype=dtype, seed=9)
+    assert ids.numel() == moe.SMALL_MAX_ROWS
+    out = moe.moe_experts_small(x, gu, dn, ids, w, block_n=16, block_k=16)
     _check(out, moe_ref.moe_experts(x, gu, dn, ids, w), dtype)
 
 
@@ -79,11 +88,13 @@ def test_custom_op_default_config_strided_x() -> None:
 
 
 def test_config_heuristic() -> None:
-    """35B-A3B shapes: >= 2 programs per SM where the work allows, the widest tiles otherwise."""
+    """35B-A3B shapes: >= 2 working programs per SM in both GEMMs (distinct experts x tiles), the
+    widest tiles that still give them."""
     one = moe.pick_config(1, 8, 256, 2048, 512)
-    assert (one.gate_up_bn, one.down_bn) == (16, 16)
+    assert (one.gate_up_bn, one.down_bn, one.down_bk) == (16, 32, 128)  # down: 8 experts x 64 tiles
     eight = moe.pick_config(8, 8, 256, 2048, 512)
-    assert (eight.gate_up_bn, eight.down_bn) == (64, 32)
+    assert (eight.gate_up_bn, eight.down_bn) == (64, 64)  # down: ~57 experts x 32 tiles
+    assert moe.pick_config(1, 8, 256, 2048, 512, elem_size=4).down_bk == 64
     assert moe.pick_config(8, 8, 256, 2048, 512, block_n=32, block_k=64).down_bk == 64
 
 

@@ -2,14 +2,15 @@
 
 `moe_route` replaces softmax + topk + sum + div + cast (five launches) with one. `moe_experts_small`
 computes the routed experts of N <= 64 tokens (N·k <= 384 rows: decode and speculative verify) in
-two launches without a sort, a gather of weights, an index_add or a host sync (`moe_kernels`):
-the first reads each distinct chosen expert's gate/up rows once for all the tokens routed to it
-(duplicates are found in the kernel) and writes act = silu(gate)·up [N·k, Ie]; the second reads
-each token's k down projections (an expert shared by several tokens comes from L2 after its first
-read) and sums the weighted outputs in fp32, in slot order (deterministic). Roundings follow
-`moe_ref`: the projections, silu, the product and the weighted output are rounded to the
-activation dtype; the sum over experts stays fp32 (as in the grouped path; the reference loop adds
-in the activation dtype in ascending expert id).
+three launches without a sort, a gather of weights, an index_add, an atomic or a host sync
+(`moe_kernels`). The gate/up and the down kernel each read every distinct chosen expert's weights
+once for all the tokens routed to it (duplicates are found in the kernel; their programs exit), so
+both grids scale with the distinct experts: gate/up writes act = silu(gate)·up [N·k, Ie], down
+writes each (token, expert) row's weighted output z [N·k, H], and a small kernel sums each token's
+k rows of z in fp32, in slot order (deterministic). Roundings follow `moe_ref`: the projections,
+silu, the product and the weighted output are rounded to the activation dtype; the sum over
+experts stays fp32 (as in the grouped path; the reference loop adds in the activation dtype in
+ascending expert id).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.triton._checks import check_devices, check_int_index
-from ninfer.kernels.triton.moe_kernels import down_kernel, gate_up_kernel
+from ninfer.kernels.triton.moe_kernels import down_kernel, expert_sum_kernel, gate_up_kernel
 
 SMALL_MAX_ROWS = 384  # N·k up to this many (token, expert) rows use `moe_experts_small`
 SMALL_MAX_TOKENS = 64  # ... and N up to this many tokens (the gate/up kernel holds all N in a tile)
 SM_COUNT = 132  # H200; only sizes the launch grid
+SUM_BLOCK = 512  # columns per program of the slot-order sum
 
 
 @triton.jit
@@ -90,11 +92,11 @@ def moe_experts_small(
     num_stages: int = 4,
     num_warps: int = 4,
 ) -> torch.Tensor:
-    """`moe_ref.moe_experts`'s contract in two launches (see the module docstring).
+    """`moe_ref.moe_experts`'s contract in three launches (see the module docstring).
 
     x: [N, H]; gate_up: [E, 2*Ie, H]; down: [E, H, Ie] (last dims contiguous, one dtype, bf16 /
     fp16 / fp32); topk_idx [N, k] int with distinct experts per token; topk_w [N, k].
-    returns [N, H] in x's dtype. block_n / block_k override the shape heuristic (both kernels).
+    returns [N, H] in x's dtype. block_n / block_k override the shape heuristic (both GEMM kernels).
     """
     n, k = topk_idx.shape
     e, two_ie, h = gate_up.shape
@@ -117,20 +119,27 @@ def moe_experts_small(
             raise ValueError(f"{name} must be contiguous in its last dim")
     idx, tw = topk_idx.reshape(-1).contiguous(), topk_w.reshape(-1).contiguous()  # [N*k]
     act = torch.empty(n * k, ie, dtype=x.dtype, device=x.device)
+    z = torch.empty(n * k, h, dtype=x.dtype, device=x.device)  # weighted output of each (token, expert)
     y = torch.empty(n, h, dtype=x.dtype, device=x.device)
     if n == 0:
         return y
     prec = "ieee" if x.dtype == torch.float32 else "tf32"  # tf32 only names the default: 16-bit inputs
     cfg = pick_config(n, k, e, h, ie, block_n, block_k, elem_size=x.element_size())
+    kp, np_ = triton.next_power_of_2(k), max(16, triton.next_power_of_2(n))
     gate_up_kernel[(n * k, triton.cdiv(ie, cfg.gate_up_bn))](
         x, gate_up, idx, act, n, h, ie, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
-        K=k, KP=triton.next_power_of_2(k), NP=max(16, triton.next_power_of_2(n)), BN=cfg.gate_up_bn,
-        BK=cfg.gate_up_bk, PREC=prec, num_warps=num_warps, num_stages=num_stages,
+        K=k, KP=kp, NP=np_, BN=cfg.gate_up_bn, BK=cfg.gate_up_bk, PREC=prec,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    down_kernel[(n, triton.cdiv(h, cfg.down_bn))](
-        act, down, idx, tw, y, h, ie, act.stride(0), down.stride(0), down.stride(1), y.stride(0),
-        K=k, BN=cfg.down_bn, BK=cfg.down_bk, PREC=prec, num_warps=num_warps, num_stages=num_stages,
+    down_kernel[(n * k, triton.cdiv(h, cfg.down_bn))](
+        act, down, idx, tw, z, n, h, ie, act.stride(0), down.stride(0), down.stride(1), z.stride(0),
+        K=k, KP=kp, NP=np_, BN=cfg.down_bn, BK=cfg.down_bk, PREC=prec,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
+    block = min(SUM_BLOCK, triton.next_power_of_2(h))
+    expert_sum_kernel[(n, triton.cdiv(h, block))](
+        z, y, h, z.stride(0), y.stride(0), K=k, BLOCK=block, num_warps=4
+    )
     return y
 
 
@@ -139,7 +148,7 @@ _DOT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 @dataclass(frozen=True)
 class SmallConfig:
-    """Launch shape of the two kernels: output columns (gate/up) or rows (down) and reduction chunk."""
+    """Launch shape of the two GEMM kernels: output columns (gate/up) or rows (down) and reduction chunk."""
 
     gate_up_bn: int
     gate_up_bk: int
@@ -158,13 +167,13 @@ def pick_config(
     *,
     elem_size: int = 2,
 ) -> SmallConfig:
-    """Shape heuristic (no autotune: graph capture): the widest tiles that still give >= 2 programs
-    per SM, counting the expected number of distinct experts among N·k random picks of E. The
-    reduction chunk is 256 bytes of a weight row (128 bf16, 64 fp32): wider fp32 tiles exceed
-    sm_90's shared memory in the pipelined gate/up loop and spill registers in the down loop."""
+    """Shape heuristic (no autotune: graph capture): the widest tiles that still give >= 2 working
+    programs per SM in each kernel (distinct experts x tiles), counting the expected number of
+    distinct experts among N·k random picks of E. The reduction chunk is 256 bytes of a weight row
+    (128 bf16, 64 fp32): wider fp32 tiles exceed sm_90's shared memory in the pipelined loops."""
     distinct = e * (1.0 - (1.0 - 1.0 / e) ** (n * k))
     gu_bn = block_n or _widest(lambda bn: distinct * triton.cdiv(ie, bn))
-    dn_bn = block_n or _widest(lambda bn: n * triton.cdiv(h, bn))
+    dn_bn = block_n or _widest(lambda bn: distinct * triton.cdiv(h, bn))
     chunk = 256 // elem_size
     gu_bk = block_k or min(chunk, triton.next_power_of_2(h))
     dn_bk = block_k or min(chunk, triton.next_power_of_2(ie))

@@ -1,14 +1,35 @@
-"""Triton kernels of `moe.moe_experts_small`: expert-deduplicated gate/up GEMM and per-token down GEMV.
+"""Triton kernels of `moe.moe_experts_small`: expert-deduplicated gate/up and down GEMMs, then a slot-order sum.
 
-Both stream weight tiles through `tl.dot` (tensor cores for bf16, ieee fp32 for fp32 inputs) so the
-compiler pipelines the loads (`num_stages`) and keeps enough bytes in flight to run at the memory
-bandwidth; arithmetic is negligible next to the weight reads. Accumulation is fp32 throughout.
+The two GEMM kernels run one program per (token, expert) row and weight tile; only the first row of
+each distinct expert works, reading the expert's tile once for every token routed to it, so the
+grid scales with the distinct experts rather than the tokens. They stream weight tiles through
+`tl.dot` (tensor cores for bf16, ieee fp32 for fp32 inputs) so the compiler pipelines the loads
+(`num_stages`) and keeps enough bytes in flight to run at the memory bandwidth; arithmetic is
+negligible next to the weight reads. Accumulation is fp32 throughout. The down kernel writes each
+(token, expert) row's weighted output; `expert_sum_kernel` adds a token's k rows in fp32 in slot
+order (deterministic: no atomics).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _expert_of_row(idx_ptr, m, N, K: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr):
+    """(token, expert) row m of idx [N*K] -> (its expert e; whether m is e's first row, the one
+    program of each weight tile that works; [NP] the slot of e in each token's top-k, K if none)."""
+    tn = tl.arange(0, NP)  # [NP] tokens
+    kk = tl.arange(0, KP)
+    slot = tn[:, None] * K + kk[None, :]  # [NP, KP]
+    live = (tn[:, None] < N) & (kk[None, :] < K)
+    ids = tl.load(idx_ptr + slot, mask=live, other=-1)  # [NP, KP]
+    e = tl.load(idx_ptr + m)
+    hit = ids == e
+    first = tl.min(tl.min(tl.where(hit, slot, NP * KP), axis=1), axis=0)
+    jpos = tl.min(tl.where(hit, kk[None, :], KP), axis=1)  # [NP]
+    return e, first == m, jpos
 
 
 @triton.jit
@@ -32,15 +53,7 @@ def gate_up_kernel(
     cols = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN]
     mask_c = cols < IE
     tn = tl.arange(0, NP)  # [NP] tokens
-    kk = tl.arange(0, KP)
-    slot = tn[:, None] * K + kk[None, :]  # [NP, KP]
-    live = (tn[:, None] < N) & (kk[None, :] < K)
-    ids = tl.load(idx_ptr + slot, mask=live, other=-1)  # [NP, KP]
-    e = tl.load(idx_ptr + m)
-    hit = ids == e
-    first = tl.min(tl.min(tl.where(hit, slot, NP * KP), axis=1), axis=0)
-    owner = first == m  # the only program of this expert (and column tile) that works
-    jpos = tl.min(tl.where(hit, kk[None, :], KP), axis=1)  # [NP] position of e in each token's top-k
+    e, owner, jpos = _expert_of_row(idx_ptr, m, N, K, KP, NP)
     uses = (jpos < K) & owner  # [NP]
     h_end = tl.where(owner, H, 0)  # duplicate rows run no iteration (no host-side branching)
     w_g = w_ptr + e.to(tl.int64) * s_we + cols[:, None].to(tl.int64) * s_wr  # [BN, 1]
@@ -68,43 +81,59 @@ def gate_up_kernel(
 
 @triton.jit
 def down_kernel(
-    act_ptr, w_ptr, idx_ptr, tw_ptr, y_ptr,  # act [N*K, Ie]; w [E, H, Ie]; idx, tw [N*K]; y [N, H]
-    H, IE,
-    s_a, s_we, s_wr, s_y,
+    act_ptr, w_ptr, idx_ptr, tw_ptr, z_ptr,  # act [N*K, Ie]; w [E, H, Ie]; idx, tw [N*K]; z [N*K, H]
+    N, H, IE,
+    s_a, s_we, s_wr, s_z,
     K: tl.constexpr,
+    KP: tl.constexpr,  # K rounded up to a power of two
+    NP: tl.constexpr,  # N rounded up to a power of two, >= 16 (the dot's minimum width)
     BN: tl.constexpr,  # output rows per program
     BK: tl.constexpr,
     PREC: tl.constexpr,
 ):  # fmt: skip
-    """Program (token n, row tile): y[n] = sum_j w_j * down_{e_j} act_{n,j}, experts in slot order.
+    """Program (m, tile): the expert of (token, expert) row m, if m is that expert's first row.
 
-    One flat loop over the K experts' Ie chunks (one pipeline, no per-expert prologue). Tokens are
-    the fastest grid axis, so the programs of one row tile run together and an expert that several
-    tokens share is read from HBM once and served from L2 to the others.
+    Every token routed to the expert is computed from the one read of its down rows; later rows
+    of the same expert run no loop and store nothing. z[t*K + j] = (down_e act_{t,j}) * w_{t,j},
+    the projection and the weighted output rounded to the activation dtype as in moe_ref.
     """
-    n = tl.program_id(0)
+    m = tl.program_id(0)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN]
     mask_r = rows < H
-    lane = tl.arange(0, 16)  # the dot's minimum width: column 0 carries the activation
-    dt = y_ptr.dtype.element_ty
-    chunks = tl.cdiv(IE, BK)
-    out = tl.zeros([BN], dtype=tl.float32)
-    acc = tl.zeros([BN, 16], dtype=tl.float32)
-    w_rows = w_ptr + rows[:, None].to(tl.int64) * s_wr  # [BN, 1]
-    for it in range(0, K * chunks):
-        j = it // chunks
-        c = it - j * chunks
-        m = n * K + j
-        e = tl.load(idx_ptr + m).to(tl.int64)
-        offs_k = c * BK + tl.arange(0, BK)  # [BK]
+    tn = tl.arange(0, NP)  # [NP] tokens
+    e, owner, jpos = _expert_of_row(idx_ptr, m, N, K, KP, NP)
+    routed = jpos < K  # [NP]
+    uses = routed & owner
+    ie_end = tl.where(owner, IE, 0)  # duplicate rows run no iteration (no host-side branching)
+    slots = tn * K + jpos  # [NP] act / z row of (token, e)
+    w_r = w_ptr + e.to(tl.int64) * s_we + rows[:, None].to(tl.int64) * s_wr  # [BN, 1]
+    a_t = act_ptr + slots[None, :].to(tl.int64) * s_a  # [1, NP]
+    acc = tl.zeros([BN, NP], dtype=tl.float32)
+    for k0 in range(0, ie_end, BK):
+        offs_k = k0 + tl.arange(0, BK)  # [BK]
         mask_k = offs_k < IE
-        wv = tl.load(w_rows + e * s_we + offs_k[None, :], mask=mask_r[:, None] & mask_k[None, :], other=0.0)
-        a = tl.load(act_ptr + m * s_a + offs_k, mask=mask_k, other=0.0)  # [BK]
-        b = tl.where(lane[None, :] == 0, a[:, None], tl.zeros_like(a)[:, None])  # [BK, 16]
-        acc = tl.dot(wv, b, acc, input_precision=PREC)  # [BN, 16], columns 1.. stay 0
-        last = c == chunks - 1
-        wt = tl.load(tw_ptr + m).to(tl.float32)
-        y_e = tl.sum(acc, axis=1).to(dt).to(tl.float32)  # the expert's output, rounded as in moe_ref
-        out += tl.where(last, (y_e * wt).to(dt).to(tl.float32), 0.0)
-        acc = tl.where(last, 0.0, acc)
-    tl.store(y_ptr + n * s_y + rows, out.to(dt), mask=mask_r)
+        at = tl.load(a_t + offs_k[:, None], mask=mask_k[:, None] & routed[None, :], other=0.0)  # [BK, NP]
+        wv = tl.load(w_r + offs_k[None, :], mask=mask_r[:, None] & mask_k[None, :], other=0.0)  # [BN, BK]
+        acc = tl.dot(wv, at, acc, input_precision=PREC)  # [BN, NP]
+    dt = z_ptr.dtype.element_ty
+    wt = tl.load(tw_ptr + slots, mask=uses, other=0.0).to(tl.float32)  # [NP]
+    y_e = acc.to(dt).to(tl.float32)  # the expert's output, rounded as in moe_ref
+    ptrs = z_ptr + slots[None, :].to(tl.int64) * s_z + rows[:, None]
+    tl.store(ptrs, (y_e * wt[None, :]).to(dt), mask=mask_r[:, None] & uses[None, :])
+
+
+@triton.jit
+def expert_sum_kernel(
+    z_ptr, y_ptr,  # z [N*K, H]; y [N, H]
+    H, s_z, s_y,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Program (token n, column block): y[n] = sum_j z[n*K + j] in fp32, in slot order j = 0..K-1."""
+    n = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    mask = cols < H
+    out = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(K):
+        out += tl.load(z_ptr + (n * K + j) * s_z + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + n * s_y + cols, out.to(y_ptr.dtype.element_ty), mask=mask)
