@@ -60,6 +60,9 @@ class Ops:
     # (x [...,K], weight [N,K]) -> x @ weight.T [...,N] in x's dtype (every projection; a backend
     # may use its own kernel for few rows, e.g. decode's memory-bound GEMV)
     linear: Callable[..., torch.Tensor] = torch.nn.functional.linear
+    # (gate_up [...,2I] = gate | up, weight [N,I]) -> silu_mul(gate, up) @ weight.T [...,N] (the MLP's
+    # activation and down projection; a backend may fold the activation into its GEMV's x load)
+    swiglu_linear: Callable[..., torch.Tensor] = norm_ref.swiglu_linear
 
 
 def _reference() -> Ops:

@@ -61,6 +61,15 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """MLP activation + down projection on the fused gate | up output:
+    silu_mul(gate_up[..., :K], gate_up[..., K:]) @ weight.T. gate_up: [..., 2K]; weight: [N, K]. -> [..., N]"""
+    k = weight.shape[-1]
+    if gate_up.shape[-1] != 2 * k:
+        raise ValueError(f"gate_up {tuple(gate_up.shape)} is not gate | up for weight {tuple(weight.shape)}")
+    return F.linear(silu_mul(gate_up[..., :k], gate_up[..., k:]), weight)
+
+
 def shared_expert_add(routed: torch.Tensor, gate_logit: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
     """MoE output: routed [N, H] + sigmoid(gate_logit [N, 1]) * shared [N, H]."""
     return routed + torch.sigmoid(gate_logit) * shared

@@ -8,14 +8,14 @@ from torch import nn
 from ninfer.kernels import norm_ref
 from ninfer.kernels.dispatch import Ops
 from ninfer.model.config import TextConfig
-from ninfer.model.projections import fuse_linears, linear, project
+from ninfer.model.projections import fuse_linears, is_fused, linear, project
 
 GATE_UP = ("gate_proj", "up_proj")  # row order of the fused weight `gate_up_proj`
 ROUTER = ("gate", "shared_expert_gate")  # row order of the fused weight `router`
 
 
 class MLP(nn.Module):
-    """y = down(silu(gate x) * up x)."""
+    """y = down(silu(gate x) * up x); fused weights with ops: `Ops.swiglu_linear` (activation + down)."""
 
     def __init__(self, hidden: int, inter: int, ops: Ops | None = None) -> None:
         super().__init__()
@@ -25,6 +25,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., H]
+        if self.ops is not None and is_fused(self, "gate_up_proj"):  # fused: SwiGLU + down in one op
+            gate_up = linear(self.ops, x, self.gate_up_proj)  # [..., 2I] = gate | up
+            return self.ops.swiglu_linear(gate_up, self.down_proj.weight)
         fn = norm_ref.silu_mul if self.ops is None else self.ops.silu_mul
         gate, up = project(self, x, "gate_up_proj", GATE_UP)  # [..., I] each (views once fused)
         return linear(self.ops, fn(gate, up), self.down_proj.weight)

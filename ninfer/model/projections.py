@@ -55,6 +55,11 @@ def fuse_linears(module: nn.Module, fused: str, parts: Sequence[str]) -> None:
     module.fused_groups = groups
 
 
+def is_fused(module: nn.Module, fused: str) -> bool:
+    """Whether `fuse_linears(module, fused, ...)` ran (the parameter `fused` holds the group)."""
+    return fused in _groups(module)
+
+
 def _groups(module: nn.Module) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
     """fused parameter name -> (part names, part output sizes); empty when nothing is fused."""
     return module.__dict__.get("fused_groups", {})

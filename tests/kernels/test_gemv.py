@@ -1,6 +1,8 @@
 """The decode GEMV (`Ops.linear` of the triton backend) against torch.nn.functional.linear (CPU interpreter)."""
 
+import dataclasses
 import os
+from unittest import mock
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of the kernels
 
@@ -9,7 +11,10 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed: pip install 'triton==3.6.*'")
 
-from ninfer.kernels.triton import gemv
+import triton
+
+from ninfer.kernels import norm_ref
+from ninfer.kernels.triton import gates, gemv
 from ninfer.kernels.triton import library as lib
 from ninfer.kernels.triton.backend import triton_ops
 
@@ -144,3 +149,74 @@ def test_backend_and_custom_op() -> None:
     torch.library.opcheck(
         torch.ops.ninfer.gemv.default, (x, w), test_utils=("test_schema", "test_faketensor")
     )
+
+
+def _gate_up(m: int, k: int, seed: int, dtype: torch.dtype, pad: int = 0) -> torch.Tensor:
+    """gate | up [m, 2k]; pad > 0: a column slice of a wider tensor (rows strided by 2k + pad)."""
+    wide = _r(m, 2 * k + pad, seed=seed, dtype=dtype) * 3  # silu's curved range, not only its tails
+    return wide[:, pad // 2 : pad // 2 + 2 * k]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("m", "use_dot", "split", "k", "pad"),
+    [
+        (1, False, 1, 256, 0),  # one row on the CUDA cores, EVEN_K, one pass
+        (3, False, 3, 300, 40),  # ragged K, split-K, strided rows
+        (2, False, 2, 512, 24),  # EVEN_K split, strided rows
+        (5, True, 1, 300, 0),  # several rows on tl.dot, ragged K, one pass
+        (5, True, 4, 512, 8),  # tl.dot, EVEN_K split, strided rows
+        (16, True, 3, 200, 16),  # 16 rows, ragged split
+    ],
+)
+def test_swiglu_act_is_bit_identical_to_silu_mul_then_gemv(
+    dtype: torch.dtype, m: int, use_dot: bool, split: int, k: int, pad: int
+) -> None:
+    """act="swiglu" on gate | up equals gates.silu_mul, then the plain GEMV (same config), bit for bit."""
+    n = 40
+    gu = _gate_up(m, k, seed=20 + m, dtype=dtype, pad=pad)
+    w = _r(n, k, seed=30 + k, dtype=dtype) / k**0.5  # outputs O(1), like a trained down projection
+    assert gu.is_contiguous() == (pad == 0)
+    block_m = 16 if use_dot else triton.next_power_of_2(m)
+    cfg = gemv.GemvConfig(block_m, 16, 64, split=split, num_warps=4, num_stages=2, use_dot=use_dot)
+    act = gates.silu_mul(gu[:, :k], gu[:, k:])  # [m, k]
+    fused = gemv.gemv(gu, w, cfg, act="swiglu")
+    assert torch.equal(fused, gemv.gemv(act, w, cfg))
+    _check(fused, act, w)
+    ref = torch.nn.functional.linear(norm_ref.silu_mul(gu[:, :k], gu[:, k:]).double(), w.double())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # torch's silu may round one product differently
+    assert ((fused.double() - ref).abs().max() / ref.abs().max()).item() <= tol
+    # the heuristic's config (act: the plain tiles and split, tl.dot tiles on >= 8 warps), rows [1, m, 2k]
+    plain_cfg, act_cfg = gemv.pick_config(m, n, k, dtype), gemv.pick_config(m, n, k, dtype, act="swiglu")
+    warps = 8 if plain_cfg.use_dot else plain_cfg.num_warps
+    assert act_cfg == dataclasses.replace(plain_cfg, num_warps=warps)
+    assert torch.equal(gemv.gemv(gu.unsqueeze(0), w, act="swiglu"), gemv.gemv(act, w).unsqueeze(0))
+
+
+def test_swiglu_op_dispatch_and_errors() -> None:
+    """`Ops.swiglu_linear` of the triton backend: the fused custom op where `linear` takes the GEMV
+    (bit-identical to silu_mul + linear), silu_mul + F.linear elsewhere; the torch reference close."""
+    ops = triton_ops()
+    k, n = 96, 64
+    w = _r(n, k, seed=40, dtype=torch.bfloat16)
+    for m in (1, 4, 17):  # GEMV at 1 and 4 rows (n * k small), F.linear for 17
+        gu = _gate_up(m, k, seed=41 + m, dtype=torch.bfloat16, pad=6).reshape(1, m, 2 * k)
+        g, u = gu[..., :k], gu[..., k:]
+        assert gemv.use_gemv(g, w) == (m <= 16)
+        with mock.patch.object(lib, "swiglu_linear_op", wraps=lib.swiglu_linear_op) as fused:
+            y = ops.swiglu_linear(gu, w)
+        assert fused.call_count == (m <= 16)
+        assert y.shape == (1, m, n)
+        assert torch.equal(y, lib.linear(gates.silu_mul(g, u), w))
+        ref = norm_ref.swiglu_linear(gu, w)
+        torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+    x = _gate_up(2, k, seed=50, dtype=torch.bfloat16)
+    torch.library.opcheck(
+        torch.ops.ninfer.swiglu_linear.default, (x, w), test_utils=("test_schema", "test_faketensor")
+    )
+    for bad in (lambda: gemv.gemv(x[:, :k], w, act="swiglu"), lambda: ops.swiglu_linear(x[:, 1:], w),
+                lambda: norm_ref.swiglu_linear(x[:, :-2], w)):  # fmt: skip
+        with pytest.raises(ValueError, match=r"not gate \| up|do not chain"):
+            bad()
+    with pytest.raises(ValueError, match="act"):
+        gemv.gemv(x, w, act="gelu")

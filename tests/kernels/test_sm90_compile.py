@@ -143,10 +143,18 @@ def _moe(n: int, e: int, top: int, h: int, ie: int, dtype: torch.dtype, device: 
 
 
 def _gemv(
-    m: int, n: int, k: int, dtype: torch.dtype, device: str, num_sms: int = gemv.NUM_SMS
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    device: str,
+    num_sms: int = gemv.NUM_SMS,
+    act: str | None = None,
 ) -> gemv.GemvConfig:
-    cfg = gemv.pick_config(m, n, k, dtype, num_sms)
-    gemv.gemv(_t(m, k, dtype=dtype, device=device), _t(n, k, dtype=dtype, device=device), cfg)
+    """One GEMV launch; act "swiglu": x is gate | up [m, 2k] (the MLP down projection's fused form)."""
+    cfg = gemv.pick_config(m, n, k, dtype, num_sms, act=act)
+    width = k if act is None else 2 * k
+    gemv.gemv(_t(m, width, dtype=dtype, device=device), _t(n, k, dtype=dtype, device=device), cfg, act=act)
     return cfg
 
 
@@ -162,7 +170,8 @@ def interpreter_launches(rec: Recorder) -> None:
             for hd, nh, nkv, int8, splits in ((256, 6, 1, False, 1), (128, 16, 2, True, 2)):
                 _attention(1, 1, nh, nkv, hd, dtype, "cpu", pages=2, splits=splits, int8=int8)
             for m, n, k in ((1, 64, 256), (8, 64, 256), (1, 32, 4096), (8, 32, 2048)):
-                _gemv(m, n, k, dtype, "cpu", num_sms=1)  # one SM: single-pass at n = 64, split-K below
+                for act in (None, "swiglu"):  # one SM: single-pass at n = 64, split-K below
+                    _gemv(m, n, k, dtype, "cpu", num_sms=1, act=act)
 
 
 def real_width_launches(rec: Recorder) -> dict[str, set[int]]:
@@ -195,9 +204,13 @@ def real_width_launches(rec: Recorder) -> dict[str, set[int]]:
                         _moe(n, cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size,
                              cfg.moe_intermediate_size, dtype, "meta")  # fmt: skip
                 for p in projections(cfg):
+                    # the MLP's down projection also runs with the SwiGLU folded in (`Ops.swiglu_linear`)
+                    acts = (None, "swiglu") if p.name.endswith("down_proj") else (None,)
                     for m in (1, 2, 4, 8, 16):
                         if gemv.gemv_wins(m, p.n, p.k):
-                            splits.setdefault(str(dtype), set()).add(_gemv(m, p.n, p.k, dtype, "meta").split)
+                            for act in acts:
+                                cfg_m = _gemv(m, p.n, p.k, dtype, "meta", act=act)
+                                splits.setdefault(str(dtype), set()).add(cfg_m.split)
     return splits
 
 
@@ -227,6 +240,18 @@ def test_gemv_dispatch_takes_single_pass_and_split_k(recorded: Recorder) -> None
     for dtype in (BF16, FP32):
         seen = recorded.gemv_splits[str(dtype)]
         assert 1 in seen and max(seen) > 1, (dtype, seen)
+
+
+def test_gemv_swiglu_variants_are_recorded(recorded: Recorder) -> None:
+    """The down projection with the SwiGLU folded in (ACT 1) is built at both models' real widths."""
+    labels = set()
+    for v, where in recorded.variants.items():
+        consts = {v.signature[p[0]][0]: val for p, val in v.constexprs}
+        if v.kernel == "_gemv_kernel" and consts.get("ACT") == 1:
+            labels.update(where)
+    for name in MODELS:
+        assert f"{name} {BF16}" in labels, sorted(labels)
+    assert f"interpreter {FP32}" in labels, sorted(labels)
 
 
 def _fp32_only(labels: list[str]) -> bool:

@@ -15,6 +15,8 @@ Per phase (what `ninfer.model` calls):
   sm_90+), else the reference loop. Router: one Triton launch.
 * Norms (1+w, residual add + norm, gated, q/k norm + rope) and the gated products around them
   (attention output gate, SwiGLU, shared-expert add): one Triton launch each (`norms`, `gates`).
+* Projections: the GEMV for few rows where it beats cuBLAS (`gemv.use_gemv`), else F.linear; the
+  MLP's SwiGLU folds into its down projection's GEMV where the GEMV takes that projection.
 Every Triton op is called through its `torch.library` custom op (`library`), so torch.compile
 keeps it as one opaque node.
 """
@@ -30,8 +32,8 @@ import torch
 from ninfer.kernels import conv_ref, gdn_ref, moe_ref
 from ninfer.kernels.dispatch import Ops
 from ninfer.kernels.moe_grouped import moe_experts_grouped
+from ninfer.kernels.triton import gemv, moe, prefill_attention
 from ninfer.kernels.triton import library as lib
-from ninfer.kernels.triton import moe, prefill_attention
 from ninfer.kernels.triton.gdn_decode import recurrent_gated_delta_rule as triton_recurrent
 from ninfer.kernels.triton.kv_int8 import write_kv_int8
 
@@ -168,6 +170,19 @@ def moe_experts(
     return moe_ref.moe_experts(x, gate_up, down, topk_idx, topk_w)
 
 
+def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`Ops.swiglu_linear`: gate_up [..., 2I] (gate | up), weight [N, I] -> [..., N]. One GEMV launch
+    with silu(gate) * up on its x load where `linear` would take the GEMV for these rows (bit-identical
+    to the two launches), else the SwiGLU launch and `linear`."""
+    k = weight.shape[-1]
+    if gate_up.shape[-1] != 2 * k:
+        raise ValueError(f"gate_up {tuple(gate_up.shape)} is not gate | up for weight {tuple(weight.shape)}")
+    gate, up = gate_up[..., :k], gate_up[..., k:]  # [..., I] views
+    if gemv.use_gemv(gate, weight):
+        return lib.swiglu_linear_op(gate_up, weight)
+    return lib.linear(lib.silu_mul(gate, up), weight)
+
+
 def triton_ops() -> Ops:
     """The op set of the "triton" backend (see the module docstring)."""
     chunk = fla_chunk_rule()
@@ -194,4 +209,5 @@ def triton_ops() -> Ops:
         shared_expert_add=lib.shared_expert_add,
         moe_route=lib.moe_route,
         linear=lib.linear,
+        swiglu_linear=swiglu_linear,
     )

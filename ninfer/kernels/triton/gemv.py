@@ -9,6 +9,13 @@ accumulation always; one row (two in fp32) runs on the CUDA cores (broadcast mul
 reduction at the end), more rows on the tensor cores (`tl.dot`, rows padded to 16; fp32 in IEEE
 precision, never TF32). Configs come from a shape
 heuristic (`pick_config`), never from run-time autotuning, so a call can be graph-captured.
+
+`act="swiglu"` folds the MLP activation into the x load: x is the fused gate | up output
+[..., 2K] and each tile computes silu(gate) * up with the roundings of `gates.silu_mul` (the
+product silu(g) and the result rounded to the activation dtype), so the result is bit-identical
+to `gemv(gates.silu_mul(g, u), weight)` under the same config, one launch fewer (every N block
+recomputes the activation of its K range from gate and up: ALU work and twice the x bytes, both
+small next to the weight stream).
 """
 
 from __future__ import annotations
@@ -46,14 +53,16 @@ class GemvConfig:
 def _gemv_kernel(
     x_ptr, w_ptr, y_ptr,  # x [M, K] (row stride sx), W [N, K] (row stride sw), y [M, N] or ws [SPLIT, M, N] fp32
     M, N, K, K_PER_SPLIT,
-    sx, sw, sy_split, sy,
+    sx, su, sw, sy_split, sy,  # su: offset of up from gate within a row of x (ACT 1)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr,
     IEEE: tl.constexpr,  # fp32 tiles in tl.dot: full precision, never TF32
     EVEN_K: tl.constexpr,  # K_PER_SPLIT and K are multiples of BLOCK_K: no masks along K
+    ACT: tl.constexpr,  # 0: x as stored; 1: x = silu(gate) * up, gate at x, up at x + su
 ):  # fmt: skip
+    dt = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -74,10 +83,17 @@ def _gemv_kernel(
         if EVEN_K:
             w = tl.load(w_ptrs)
             x = tl.load(x_ptrs)
+            if ACT == 1:
+                u = tl.load(x_ptrs + su)
         else:
             kmask = (k0 + tl.arange(0, BLOCK_K)) < k_hi
             w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0)
             x = tl.load(x_ptrs, mask=kmask[None, :], other=0.0)
+            if ACT == 1:
+                u = tl.load(x_ptrs + su, mask=kmask[None, :], other=0.0)
+        if ACT == 1:  # the roundings of gates._gate_kernel OP 1 (masked lanes: silu(0) * 0 = 0)
+            g = x.to(tl.float32)
+            x = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u.to(tl.float32)).to(dt)
         if USE_DOT:
             if IEEE:
                 acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
@@ -109,13 +125,17 @@ def _split_sum_kernel(
     tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def pick_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int = NUM_SMS) -> GemvConfig:
+def pick_config(
+    m: int, n: int, k: int, dtype: torch.dtype, num_sms: int = NUM_SMS, act: str | None = None
+) -> GemvConfig:
     """The launch config of a [m, k] x [n, k]^T GEMV by shape (see the module docstring).
 
     From a sweep of the 27B / 35B-A3B projections on an H200 (bf16, CUDA graphs, L2 defeated):
     one row runs fastest on the CUDA cores with 8 x 512 tiles; 2..16 rows on the tensor cores
     with 64 x 256 tiles (64 x 128 for very long K, 128 x 128 and 8 warps for the vocabulary-wide
-    lm_head), about 4 programs per SM after the split along K.
+    lm_head), about 4 programs per SM after the split along K. act "swiglu" keeps the tiles and
+    the split (so the sums are those of the plain GEMV) but gives `tl.dot` tiles at least 8 warps:
+    the activation's fp32 tiles spill registers at 4 warps on sm_90 (64 x 256 tiles, bf16).
     """
     fp32 = dtype == torch.float32
     use_dot = m > 2 or (m == 2 and not fp32)
@@ -136,6 +156,8 @@ def pick_config(m: int, n: int, k: int, dtype: torch.dtype, num_sms: int = NUM_S
     split = 1
     if n_blocks < target * num_sms:  # few N blocks: split K, keeping >= 4 steps per program
         split = min(triton.cdiv(target * num_sms, n_blocks), max(1, k_steps // 4), 32)
+    if act is not None and use_dot:
+        warps = max(warps, 8)
     return GemvConfig(block_m, block_n, block_k, split, warps, stages, use_dot)
 
 
@@ -181,14 +203,21 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | None = None) -> torch.Tensor:
+def gemv(
+    x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | None = None, *, act: str | None = None
+) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T -> [..., N] in x's dtype, for prod(x.shape[:-1]) <= MAX_ROWS.
 
     weight must be contiguous along K (any row stride); x any layout (copied if its rows cannot
-    be viewed). `config` overrides the shape heuristic (tests).
+    be viewed). act "swiglu": x is [..., 2K] (gate | up) and the product is
+    silu(x[..., :K]) * x[..., K:] @ weight^T, bit-identical to `gemv(gates.silu_mul(g, u), weight)`.
+    `config` overrides the shape heuristic (tests).
     """
-    if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not chain")
+    if act not in (None, "swiglu"):
+        raise ValueError(f"act must be None or 'swiglu'; got {act!r}")
+    width = weight.shape[-1] * (1 if act is None else 2) if weight.dim() == 2 else -1  # K or 2K (gate | up)
+    if x.dim() == 0 or x.shape[-1] != width:
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not chain (act {act})")
     if x.dtype not in _DTYPES or weight.dtype != x.dtype:
         raise TypeError(f"x and weight must share a float32/bf16/fp16 dtype; got {x.dtype}, {weight.dtype}")
     if weight.stride(1) != 1:
@@ -196,7 +225,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | None = None
     check_devices(x, weight)
     n, k = weight.shape
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, k)
+    x2 = x.reshape(-1, width)  # [M, K] or [M, 2K]
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
@@ -207,7 +236,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | None = None
         return y.view(*lead, n)
     if k == 0:
         return y.zero_().view(*lead, n)
-    cfg = config or pick_config(m, n, k, x.dtype)
+    cfg = config or pick_config(m, n, k, x.dtype, act=act)
     if cfg.block_m < m:
         raise ValueError(f"config block_m {cfg.block_m} < rows {m}")
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split), cfg.block_k) * cfg.block_k
@@ -216,10 +245,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | None = None
     grid = (triton.cdiv(n, cfg.block_n), split)
     _gemv_kernel[grid](
         x2, weight, out, m, n, k, k_per_split,
-        x2.stride(0), weight.stride(0), 0 if split == 1 else m * n, n,
+        x2.stride(0), 0 if act is None else k, weight.stride(0), 0 if split == 1 else m * n, n,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot,
         IEEE=x.dtype == torch.float32, EVEN_K=k % cfg.block_k == 0 and k_per_split % cfg.block_k == 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ACT=0 if act is None else 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if split > 1:
         block = 1024

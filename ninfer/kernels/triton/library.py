@@ -191,6 +191,17 @@ def _(x: Tensor, weight: Tensor) -> Tensor:
     return _like(x, (*x.shape[:-1], weight.shape[0]))
 
 
+@_lib.custom_op("ninfer::swiglu_linear", mutates_args=())
+def swiglu_linear_op(gate_up: Tensor, weight: Tensor) -> Tensor:
+    """The GEMV with the SwiGLU folded into its x load: silu(gate_up[..., :K]) * gate_up[..., K:] @ W^T."""
+    return gemv.gemv(gate_up, weight, act="swiglu")
+
+
+@swiglu_linear_op.register_fake
+def _(gate_up: Tensor, weight: Tensor) -> Tensor:
+    return _like(gate_up, (*gate_up.shape[:-1], weight.shape[0]))
+
+
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """`Ops.linear`: the Triton GEMV for <= gemv.MAX_ROWS rows on the GPU, else F.linear."""
     if gemv.use_gemv(x, weight):
