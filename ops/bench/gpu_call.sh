@@ -10,6 +10,8 @@
 # BUDGET_S (default 540): the 27B bench with its speculative rows; the 35B-A3B bench with a
 # cold / warm start; the compiled kernel tests; the MoE and GEMV micro-benchmarks. At most
 # eight files land in OUT_DIR (logs, result JSON; the 35B-A3B result under OUT_DIR/m35).
+# BENCH27_ARGS / BENCH35_ARGS replace the benches' section flags (defaults: "--skip hf" and
+# "--skip hf,spec --startup qwen3.6-35b-a3b"); BENCH27_S / BENCH35_S their seconds (300 / 220).
 set -u
 out=${1:?usage: gpu_call.sh OUT_DIR [BUDGET_S]}
 budget=${2:-540}
@@ -43,10 +45,13 @@ run() {  # run NAME SECONDS CMD...: bounded by the budget left, output appended 
 
 for step in $steps; do
     case $step in
-    bench_27b) run bench_27b 300 python3 ops/bench/run.py --quick --models qwen3.6-27b --skip hf \
-        --budget-s 280 --out "$out" ;;
-    bench_35b) run bench_35b 220 python3 ops/bench/run.py --quick --models qwen3.6-35b-a3b --skip hf,spec \
-        --startup qwen3.6-35b-a3b --budget-s 200 --out "$out/m35" ;;
+    # shellcheck disable=SC2086  # the *_ARGS are word lists
+    bench_27b) run bench_27b "${BENCH27_S:-300}" python3 ops/bench/run.py --quick --models qwen3.6-27b \
+        ${BENCH27_ARGS:---skip hf} --budget-s "$(( ${BENCH27_S:-300} - 20 ))" --out "$out" ;;
+    # shellcheck disable=SC2086
+    bench_35b) run bench_35b "${BENCH35_S:-220}" python3 ops/bench/run.py --quick --models qwen3.6-35b-a3b \
+        ${BENCH35_ARGS:---skip hf,spec --startup qwen3.6-35b-a3b} --budget-s "$(( ${BENCH35_S:-220} - 20 ))" \
+        --out "$out/m35" ;;
     kernel_tests) run kernel_tests 180 env TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider tests/kernels ;;
     micro)
         run micro 90 python3 ops/bench/moe_micro.py --out "$out"
