@@ -14,7 +14,7 @@ pytest.importorskip("triton", reason="triton is not installed: pip install 'trit
 import triton
 
 from ninfer.kernels import norm_ref
-from ninfer.kernels.triton import gates, gemv
+from ninfer.kernels.triton import backend, gates, gemv
 from ninfer.kernels.triton import library as lib
 from ninfer.kernels.triton.backend import triton_ops
 
@@ -210,6 +210,13 @@ def test_swiglu_op_dispatch_and_errors() -> None:
         assert torch.equal(y, lib.linear(gates.silu_mul(g, u), w))
         ref = norm_ref.swiglu_linear(gu, w)
         torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+    gu = _gate_up(1, k, seed=45, dtype=torch.bfloat16)
+    with (  # large down weights (the 27B's) keep the two launches: the fused GEMV measured slower there
+        mock.patch.object(backend, "SWIGLU_FUSED_MAX_ELEMS", n * k - 1),
+        mock.patch.object(lib, "swiglu_linear_op", wraps=lib.swiglu_linear_op) as fused,
+    ):
+        y = ops.swiglu_linear(gu, w)
+    assert fused.call_count == 0 and torch.equal(y, lib.linear(gates.silu_mul(gu[:, :k], gu[:, k:]), w))
     x = _gate_up(2, k, seed=50, dtype=torch.bfloat16)
     torch.library.opcheck(
         torch.ops.ninfer.swiglu_linear.default, (x, w), test_utils=("test_schema", "test_faketensor")
