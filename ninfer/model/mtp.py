@@ -27,10 +27,10 @@ class MTPHead(nn.Module):
         self.ops = ops
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=False)
-        self.pre_fc_norm_embedding = RMSNorm1p(h, config.rms_norm_eps)
-        self.pre_fc_norm_hidden = RMSNorm1p(h, config.rms_norm_eps)
+        self.pre_fc_norm_embedding = RMSNorm1p(h, config.rms_norm_eps, ops)
+        self.pre_fc_norm_hidden = RMSNorm1p(h, config.rms_norm_eps, ops)
         self.layers = nn.ModuleList([DecoderLayer(config, FULL, ops)])
-        self.norm = RMSNorm1p(h, config.rms_norm_eps)
+        self.norm = RMSNorm1p(h, config.rms_norm_eps, ops)
         # shared with the trunk, not registered as submodules (their weights belong to the trunk)
         self._shared: dict[str, nn.Module] = {}
 
