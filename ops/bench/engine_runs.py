@@ -58,8 +58,10 @@ def free(*engines: Engine | None) -> None:
 def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int) -> dict[str, float]:
     """Submit all prompts at once (greedy, ignore_eos). TTFT of the first request; decode tokens/s
     over the window in which every request is decoding (last first token .. first last token),
-    and the runner's mean seconds per decode step (model + sampling) over the whole run."""
+    and the runner's mean seconds per decode step (model + sampling) over the whole run; with
+    speculation, the drafted and accepted tokens of all requests (their request-log counters)."""
     stamps: list[list[float]] = [[] for _ in prompts]
+    spec: list[dict[str, Any]] = [{} for _ in prompts]  # each request's speculative counters
     errors: list[BaseException] = []
     before = engine.counters.total.decode_seconds, engine.counters.total.decode_rounds
     t0 = time.perf_counter()
@@ -69,6 +71,7 @@ def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int
             with handle:  # releases the lifetime ticket, as a server does after the response
                 for out in handle:
                     stamps[i].extend([time.perf_counter()] * len(out.token_ids))
+            spec[i] = dict(handle.stats.speculative or {})
         except BaseException as exc:  # re-raised in the caller's thread
             errors.append(exc)
 
@@ -103,6 +106,8 @@ def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int
         "window_tokens": float(n),
         "step_ms": 1e3 * secs / max(rounds, 1),
         "tokens": float(sum(len(st) for st in stamps)),
+        "accepted_tokens": float(sum(c.get("accepted_tokens", 0) for c in spec)),
+        "drafted_tokens": float(sum(c.get("drafted_tokens", 0) for c in spec)),
     }
 
 

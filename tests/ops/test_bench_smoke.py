@@ -60,3 +60,4 @@ def test_smoke_run_writes_every_section(tmp_path: Path) -> None:
         # draft is accepted (3.0 per round); at 40% acceptance more rounds with fewer drafts each
         acc = spec["mean_accepted_per_round"]["3"]
         assert acc["100"]["1"] == 3.0 and acc["40"]["1"] < 3.0
+        assert spec["acceptance_rate"]["3"]["100"]["1"] == 1.0  # from the requests' own counters
