@@ -171,7 +171,8 @@ def profile_decode_step(engine: Engine, bs: int, context: int) -> dict[str, Any]
     cuda = dev.type == "cuda"
     per = -(-(context + 1) // 64)
     pages = [list(range(i * per, (i + 1) * per)) for i in range(bs)]
-    batch = runner._batch([[1]] * bs, [context] * bs, list(range(bs)), pages)
+    # a distinct token per row: identical rows would route every MoE row to the same experts
+    batch = runner._batch([[1 + 7 * i] for i in range(bs)], [context] * bs, list(range(bs)), pages)
     with torch.inference_mode():
         for _ in range(3):
             runner._decode_logits(batch)
