@@ -154,9 +154,10 @@ class SpecDecoder:
         self.drafter.after_forward(slot, start, tokens, hidden, rope, pages, catch_up=True)
 
     # ----- the decode round -----
-    def _rope(self, r: DecodeRow, q: int) -> torch.Tensor:
-        """[3, q] rotary positions of q tokens fed from r.position (multimodal prompts: + rope_delta)."""
-        return rope_positions([r.position + r.rope_delta], q, self.device)[:, 0]
+    def _ropes(self, rows: list[DecodeRow], q: int) -> torch.Tensor:
+        """[3, B, q] rotary positions of q tokens fed from each row's position (multimodal prompts:
+        + rope_delta), in one host->device copy; row j's first c are `[:, j, :c]`."""
+        return rope_positions([r.position + r.rope_delta for r in rows], q, self.device)
 
     def decode(self, plan: DecodePlan) -> StepResult:
         rows, k = plan.rows, self.k
@@ -170,10 +171,11 @@ class SpecDecoder:
             prow = [rows[i] for i in plain]
             out = self.forward(StepRows.for_decode(prow, [[r.token] for r in prow]))  # hidden [P, 1, H]
             tokens = sample_rows(out.logits[:, -1], [r.sampler for r in prow], out.last_argmax())
+            ropes = self._ropes(prow, 1)  # [3, P, 1]
             for j, (i, r) in enumerate(zip(plain, prow, strict=True)):
                 runs[i] = [tokens[j]]
                 self.drafter.after_forward(
-                    r.slot, r.position, [r.token], out.hidden[j], self._rope(r, 1), r.pages, catch_up=False
+                    r.slot, r.position, [r.token], out.hidden[j], ropes[:, j], r.pages, catch_up=False
                 )
         srows = [rows[i] for i in spec]
         inputs: list[list[int]] = []
@@ -208,6 +210,7 @@ class SpecDecoder:
                     copies.append((scratch[j][c - 1], srows[j].slot))
                 kept.append((j, c))
             copy_slots(self.states, copies)
+            ropes = self._ropes(srows, k + 1) if kept else None  # [3, S, k+1]
             for j, c in kept:
                 r = srows[j]
                 self.drafter.after_forward(
@@ -215,7 +218,7 @@ class SpecDecoder:
                     r.position,
                     inputs[j][:c],
                     hidden[j, :c],
-                    self._rope(r, c),
+                    ropes[:, j, :c],  # type: ignore[index]
                     r.pages,
                     catch_up=False,
                 )
