@@ -69,12 +69,12 @@ def test_verify_sized(dtype: torch.dtype) -> None:
     _check(out, moe_ref.moe_experts(x, gu, dn, ids, w), dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_most_tokens(dtype: torch.dtype) -> None:
-    """64 tokens (the op's limit: a 64-wide token tile) x top-6 = 384 rows over 16 experts."""
-    x, gu, dn, ids, w = _case(moe.SMALL_MAX_TOKENS, e=16, h=48, ie=24, k=6, dtype=dtype, seed=9)
+def test_most_tokens(dtype: torch.dtype = torch.bfloat16) -> None:
+    """64 tokens (the op's limit: a 64-wide token tile) x top-6 = 384 rows over 16 experts (bf16:
+    fp32 at 384 rows is `test_verify_sized`'s, and the interpreter takes ~15 s per dtype here)."""
+    x, gu, dn, ids, w = _case(moe.SMALL_MAX_TOKENS, e=16, h=32, ie=16, k=6, dtype=dtype, seed=9)
     assert ids.numel() == moe.SMALL_MAX_ROWS
-    out = moe.moe_experts_small(x, gu, dn, ids, w, block_n=16, block_k=16)
+    out = moe.moe_experts_small(x, gu, dn, ids, w, block_n=16, block_k=16)  # two row tiles in down
     _check(out, moe_ref.moe_experts(x, gu, dn, ids, w), dtype)
 
 
