@@ -13,7 +13,8 @@ from ops.bench.shapes import random_prompt
 
 
 def hf_decode_tok_s(model: Qwen35Model, shape: dict[str, Any], prompt_len: int, new_tokens: int) -> float:
-    """Decode tokens/s of `generate` at batch 1: (n-1) tokens over (time for n) - (time for 1)."""
+    """Decode tokens/s of `generate` at batch 1: (n-1) tokens over (time for n) - (time for 1),
+    each the fastest of three calls."""
     import transformers
 
     moe = shape["model_type"].startswith("qwen3_5_moe")
@@ -39,15 +40,22 @@ def hf_decode_tok_s(model: Qwen35Model, shape: dict[str, Any], prompt_len: int, 
     ref.to(device=dev)
     ref.eval()
     ids = torch.tensor([random_prompt(prompt_len, 7, model.config.vocab_size)], device=dev)
+
+    def timed(n: int) -> float:  # the fastest of three `generate` calls of n new tokens
+        best = float("inf")
+        for _ in range(3):
+            sync(dev)
+            t0 = time.perf_counter()
+            ref.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n)
+            sync(dev)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
     with torch.inference_mode():
         ref.generate(ids, max_new_tokens=2, do_sample=False)  # warm-up
-        sync(dev)
-        t0 = time.perf_counter()
-        ref.generate(ids, max_new_tokens=1, do_sample=False, min_new_tokens=1)
-        sync(dev)
-        t1 = time.perf_counter()
-        ref.generate(ids, max_new_tokens=new_tokens, do_sample=False, min_new_tokens=new_tokens)
-        sync(dev)
-        t2 = time.perf_counter()
-    del ref
-    return (new_tokens - 1) / ((t2 - t1) - (t1 - t0))
+        one, many = timed(1), timed(new_tokens)
+    if many > one:
+        return (new_tokens - 1) / (many - one)
+    # tiny models on a busy CPU: timing noise can swallow the decode steps; the whole call's rate
+    # (prefill included) is then a lower bound rather than a negative number
+    return new_tokens / many
