@@ -219,10 +219,14 @@ class DecodeGraphs:
         if isinstance(self.backend, EagerCapture):
             self.backend.captured.append((b, q))
 
+    def replay(self, b: int, q: int = 1) -> None:
+        """Replay the (b, q) graph on the inputs it last received (timing; no host work)."""
+        self._replay[(b, q)]()
+
     def run(self, packed: torch.Tensor, b: int, q: int = 1) -> StepOut:
         """packed: host [packed_len(b, q, max_pages, q > 1)] -> views [:b] of the static outputs of
         this q (valid until the next replay with the same q)."""
         self.static[(b, q)].copy_(packed, non_blocking=True)
-        self._replay[(b, q)]()
+        self.replay(b, q)
         out = self.outputs[q]
         return StepOut(out.hidden[:b], out.logits[:b], out.argmax[:b])  # type: ignore[index]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import threading
 import time
@@ -150,7 +151,7 @@ def graph_replay_ms(engine: Engine, bs: int, reps: int = 20) -> float | None:
     if graphs is None or not graphs.has(bs):
         return None
     dev = torch.device(engine.config.device)
-    replay = graphs._replay[(bs, 1)]
+    replay = functools.partial(graphs.replay, bs, 1)
     replay()
     sync(dev)
     t0 = time.perf_counter()

@@ -21,6 +21,7 @@ through a proposal head of `proposal_ids` rows. On a GPU the drafter's captured 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -83,7 +84,7 @@ def draft_step_ms(
     with torch.inference_mode():
         secs = median_seconds(step, dev, reps, 3)
         if profile is not None and drafter.graphs is not None:
-            profile.update(draft_replay_profile(drafter.graphs._replay[bs], dev, k))
+            profile.update(draft_replay_profile(functools.partial(drafter.graphs.replay, bs), dev, k))
     return secs * 1e3 / k, mode
 
 

@@ -159,6 +159,10 @@ class DraftGraphs:
             self.backend.captured.append(b)
 
     # ----- replay -----
+    def replay(self, b: int) -> None:
+        """Replay the batch-b proposal on the inputs it last received (timing; no host work)."""
+        self._replay[b]()
+
     @torch.inference_mode()
     def run(self, lanes: Sequence[DraftLane]) -> list[list[int]]:
         """k greedy drafts per lane (every lane must `fit`); one host transfer."""
