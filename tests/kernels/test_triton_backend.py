@@ -29,14 +29,7 @@ from ninfer.model.cache import KVPool, StatePool, make_batch
 DEVICE = "cuda" if os.environ["TRITON_INTERPRET"] == "0" else "cpu"
 
 
-@pytest.fixture(autouse=True)
-def _gemv_off_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Interpreting the GEMV for every projection of a whole model costs minutes on the CPU; the
-    kernel has its own tests (tests/kernels/test_gemv.py) and runs here when compiled on a GPU."""
-    from ninfer.kernels.triton import gemv
-
-    if DEVICE == "cpu":
-        monkeypatch.setattr(gemv, "INTERPRETER_DISPATCH", False)
+pytestmark = pytest.mark.usefixtures("interpreted_whole_model")  # see tests/kernels/conftest.py
 
 
 def test_registry_and_fla_fallback_is_logged(caplog: pytest.LogCaptureFixture) -> None:

@@ -21,16 +21,18 @@ pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
 from ref_models import VOCAB, hf_model, our_model
 
+from ninfer.kernels import get_ops
 from ninfer.kernels.triton.backend import triton_ops
 from ninfer.model.cache import KVPool, StatePool, make_batch
 
 DEVICE = "cuda" if os.environ["TRITON_INTERPRET"] == "0" else "cpu"
+pytestmark = pytest.mark.usefixtures("interpreted_whole_model")  # see tests/kernels/conftest.py
 
 
 def _prefilled(kind: str):
     model = our_model(hf_model(kind, seed=5)).to(DEVICE)
     model.init_buffers(DEVICE)
-    model.set_ops(triton_ops())
+    model.set_ops(get_ops(DEVICE, "reference"))  # the prefill only fills the pools; the step is tested
     cfg = model.config
     kv = KVPool.for_config(cfg, 4, torch.float32, DEVICE)
     states = StatePool.for_config(cfg, 2, torch.float32, DEVICE)
@@ -39,6 +41,7 @@ def _prefilled(kind: str):
     with torch.no_grad():
         for b in range(2):
             model(make_batch([ids[b][:20]], [0], [b], [pages[b]], device=DEVICE), kv, states)
+    model.set_ops(triton_ops())
     step = make_batch([[r[20]] for r in ids], [20, 20], [0, 1], pages, device=DEVICE)
     step.max_kv_len = None  # the static-width form the CUDA graphs use
     return model, kv, states, step
