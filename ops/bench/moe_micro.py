@@ -17,6 +17,7 @@ with the same contract, and `--sweep` launch shapes of `small`. Writes DIR/moe_m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -32,7 +33,14 @@ from ops.bench.report import provenance  # noqa: E402 (stdlib-only module: safe 
 
 Fn = Callable[..., "torch.Tensor"]  # noqa: F821 (torch is imported after the interpreter switch)
 SHAPES = {"full": dict(e=256, k=8, h=2048, ie=512), "smoke": dict(e=8, k=2, h=64, ie=32)}
-SWEEP = [(bn, bk, st) for bn in (16, 32, 64) for bk in (128, 256) for st in (3, 5)]
+# --sweep: one kernel's launch shape at a time, the other at the heuristic's choice; per kernel
+# (block_n, block_k, warps, stages)
+SWEEP_GATE_UP = [
+    (bn, bk, w, st) for bn in (32, 64, 128) for bk in (128, 256) for w in (4, 8) for st in (3, 5)
+]
+SWEEP_DOWN = [
+    (bn, bk, w, st) for bn in (64, 128, 256) for bk in (64, 128, 256) for w in (4, 8) for st in (3, 5)
+]
 
 
 def main() -> None:
@@ -45,7 +53,11 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--bw-tbps", type=float, default=4.25)
     ap.add_argument("--extra", action="append", default=[], help="name=path/to/file.py:function")
-    ap.add_argument("--sweep", action="store_true", help="also time `small` over block_n/block_k/stages")
+    ap.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also time `small` over each kernel's block_n/block_k/warps/stages",
+    )
     args = ap.parse_args()
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -90,11 +102,14 @@ def run(args: argparse.Namespace) -> dict:
     for spec in args.extra:
         name, _, target = spec.partition("=")
         cands[name] = _load(target)
+    sweeps: dict[str, tuple[str, tuple[int, int, int, int]]] = {}  # candidate -> (kernel, shape)
     if args.sweep:
-        for bn, bk, st in SWEEP:
-            cands[f"small[bn{bn},bk{bk},st{st}]"] = functools.partial(
-                moe.moe_experts_small, block_n=bn, block_k=bk, num_stages=st
-            )
+        sweeps.update({f"small[gate_up bn{bn},bk{bk},w{w},st{st}]": ("gate_up", (bn, bk, w, st))
+                       for bn, bk, w, st in SWEEP_GATE_UP})  # fmt: skip
+        sweeps.update({f"small[down bn{bn},bk{bk},w{w},st{st}]": ("down", (bn, bk, w, st))
+                       for bn, bk, w, st in SWEEP_DOWN})  # fmt: skip
+        if args.smoke:  # the interpreter: a few shapes prove the path
+            sweeps = dict(list(sweeps.items())[:2] + list(sweeps.items())[-2:])
     out: dict = {
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "smoke": args.smoke,
@@ -111,6 +126,10 @@ def run(args: argparse.Namespace) -> dict:
         distinct = [int(torch.unique(idx).numel()) for idx, _ in routes]
         ref_args = (x, *weights[0], *routes[0])
         ref = _moe_ref()(*ref_args).float()
+        base = moe.pick_config(n, k, e, h, ie)
+        for name, (kernel, (bn, bk, w, st)) in sweeps.items():
+            shape = {f"{kernel}_bn": bn, f"{kernel}_bk": bk, f"{kernel}_warps": w, f"{kernel}_stages": st}
+            cands[name] = functools.partial(moe.moe_experts_small, config=dataclasses.replace(base, **shape))
         for name, fn in cands.items():
             calls = [(x, *weights[i % copies], *routes[i]) for i in range(layers)]
             try:

@@ -89,14 +89,14 @@ def moe_experts_small(
     *,
     block_n: int | None = None,
     block_k: int | None = None,
-    num_stages: int = 4,
-    num_warps: int = 4,
+    config: SmallConfig | None = None,
 ) -> torch.Tensor:
     """`moe_ref.moe_experts`'s contract in three launches (see the module docstring).
 
     x: [N, H]; gate_up: [E, 2*Ie, H]; down: [E, H, Ie] (last dims contiguous, one dtype, bf16 /
     fp16 / fp32); topk_idx [N, k] int with distinct experts per token; topk_w [N, k].
-    returns [N, H] in x's dtype. block_n / block_k override the shape heuristic (both GEMM kernels).
+    returns [N, H] in x's dtype. block_n / block_k override the shape heuristic (both GEMM kernels);
+    `config` replaces it whole (the micro-benchmark's sweep).
     """
     n, k = topk_idx.shape
     e, two_ie, h = gate_up.shape
@@ -124,17 +124,17 @@ def moe_experts_small(
     if n == 0:
         return y
     prec = "ieee" if x.dtype == torch.float32 else "tf32"  # tf32 only names the default: 16-bit inputs
-    cfg = pick_config(n, k, e, h, ie, block_n, block_k, elem_size=x.element_size())
+    cfg = config or pick_config(n, k, e, h, ie, block_n, block_k, elem_size=x.element_size())
     kp, np_ = triton.next_power_of_2(k), max(16, triton.next_power_of_2(n))
     gate_up_kernel[(n * k, triton.cdiv(ie, cfg.gate_up_bn))](
         x, gate_up, idx, act, n, h, ie, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
         K=k, KP=kp, NP=np_, BN=cfg.gate_up_bn, BK=cfg.gate_up_bk, PREC=prec,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=cfg.gate_up_warps, num_stages=cfg.gate_up_stages,
     )  # fmt: skip
     down_kernel[(n * k, triton.cdiv(h, cfg.down_bn))](
         act, down, idx, tw, z, n, h, ie, act.stride(0), down.stride(0), down.stride(1), z.stride(0),
         K=k, KP=kp, NP=np_, BN=cfg.down_bn, BK=cfg.down_bk, PREC=prec,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=cfg.down_warps, num_stages=cfg.down_stages,
     )  # fmt: skip
     block = min(SUM_BLOCK, triton.next_power_of_2(h))
     expert_sum_kernel[(n, triton.cdiv(h, block))](
@@ -148,12 +148,17 @@ _DOT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 @dataclass(frozen=True)
 class SmallConfig:
-    """Launch shape of the two GEMM kernels: output columns (gate/up) or rows (down) and reduction chunk."""
+    """Launch shape of the two GEMM kernels: output columns (gate/up) or rows (down) per program,
+    reduction chunk, warps and pipeline stages."""
 
     gate_up_bn: int
     gate_up_bk: int
     down_bn: int
     down_bk: int
+    gate_up_warps: int = 4
+    gate_up_stages: int = 4
+    down_warps: int = 4
+    down_stages: int = 4
 
 
 def pick_config(
