@@ -15,7 +15,7 @@ from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.model.qwen35 import Qwen35Model
-from ops.bench.ceilings import sync
+from ops.bench.ceilings import median_seconds, sync
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +161,30 @@ def graph_replay_ms(engine: Engine, bs: int, reps: int = 20) -> float | None:
     return (time.perf_counter() - t0) * 1e3 / reps
 
 
+def decode_round(engine: Engine, bs: int, context: int, reps: int = 10) -> dict[str, Any]:
+    """One decode round as the engine thread runs it (`Runner.execute` of a greedy DecodePlan:
+    pack, copy, graph replay, in-graph argmax, one transfer), on the idle engine: the median ms
+    and where the host's time goes (`host_profile`). Against `graph_replay_ms` it splits the
+    step's host share; the rest of a round (commit, outputs, scheduling) is outside it."""
+    from ninfer.engine.plan import DecodePlan, DecodeRow
+    from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
+
+    dev = torch.device(engine.config.device)
+    per = -(-(context + 1) // 64)
+    greedy = RowSampler(resolve_sampling(SamplingParams(temperature=0.0), None, SamplingOverrides()))
+    rows = [
+        DecodeRow(i, 1 + 7 * i, context, i, list(range(i * per, (i + 1) * per)), greedy) for i in range(bs)
+    ]
+    plan = DecodePlan(rows)
+
+    def run() -> None:
+        engine.runner.execute(plan)
+
+    with torch.inference_mode():
+        ms = median_seconds(run, dev, reps, 3) * 1e3
+        return {"round_ms": ms, "host_profile": host_profile(run, dev)}
+
+
 def profile_decode_step(engine: Engine, bs: int, context: int) -> dict[str, Any]:
     """Kernel time of one eager decode step at `bs` rows (`context` tokens each) by category,
     against the step's wall time: sum(kernels) << wall means launch / host overhead. On a CPU
@@ -214,4 +238,29 @@ def kernel_table(prof: Any, cuda: bool) -> dict[str, Any]:
         "kernels_per_step": launches,
         "kernel_ms_by_category": {k: round(v, 3) for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
         "top_kernels": [{"ms": round(ms, 3), "name": n, "count": c} for ms, n, c in top[:15]],
+    }
+
+
+def host_profile(fn: Any, dev: torch.device, reps: int = 5) -> dict[str, Any]:
+    """Where the host's time goes in `fn` (one engine round, synchronized before and after):
+    CPU ops and CUDA runtime calls by self CPU time per call of `fn`, over `reps` profiled calls
+    (the profiler adds a few µs per op; compare the ranks, not the sum, with the timed rows)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync(dev)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+            sync(dev)
+    rows = [
+        (ev.self_cpu_time_total / reps, ev.key[:80], ev.count / reps)
+        for ev in prof.key_averages()
+        if getattr(ev, "device_type", DeviceType.CPU) == DeviceType.CPU and ev.self_cpu_time_total > 0
+    ]
+    rows.sort(reverse=True)
+    return {
+        "self_cpu_ms": round(sum(r[0] for r in rows) / 1e3, 4),
+        "top": [{"us": round(us, 1), "name": n, "calls": c} for us, n, c in rows[:20]],
     }

@@ -11,6 +11,7 @@ import torch
 
 from ops.bench.engine_runs import (
     EngineSpec,
+    decode_round,
     free,
     graph_replay_ms,
     make_engine,
@@ -126,6 +127,10 @@ def bench_model(
     # the engine is idle: replaying a graph rewrites only the pages and slots of its last (finished) batch
     res["graph_replay_ms"] = {str(bs): graph_replay_ms(eng, bs) for bs in sz.batches}
     log(f"{a.name}: graph replay ms {res['graph_replay_ms']}")
+    res["decode_round"] = {str(bs): decode_round(eng, bs, ctx) for bs in sorted({1, lanes})}
+    log(
+        f"{a.name}: decode round ms { ({b: round(r['round_ms'], 3) for b, r in res['decode_round'].items()}) }"
+    )
     free(eng)
 
     if section("eager decode + profile", need(60)):

@@ -36,7 +36,7 @@ from ninfer.engine.spec.draft_head import DraftHead
 from ninfer.engine.spec.mtp import MTPDrafter, Pending, rope_positions
 from ninfer.model.qwen35 import Qwen35Model
 from ops.bench.ceilings import median_seconds, sync
-from ops.bench.engine_runs import EngineSpec, free, kernel_table, make_engine, run_requests
+from ops.bench.engine_runs import EngineSpec, free, host_profile, kernel_table, make_engine, run_requests
 from ops.bench.shapes import attach_mtp, random_prompt
 
 PAGE = 64
@@ -85,6 +85,7 @@ def draft_step_ms(
         secs = median_seconds(step, dev, reps, 3)
         if profile is not None and drafter.graphs is not None:
             profile.update(draft_replay_profile(functools.partial(drafter.graphs.replay, bs), dev, k))
+            profile["host_profile_per_round"] = host_profile(step, dev)  # what the engine adds to a replay
     return secs * 1e3 / k, mode
 
 
