@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from ninfer.engine.graphs import CaptureBackend, CudaCapture, DecodeGraphs, GraphStats, StepFn
+from ninfer.engine.graphs import CaptureBackend, CudaCapture, DecodeGraphs, GraphStats, InstallCut, StepFn
 from ninfer.engine.plan import DecodePlan, PrefillPlan, SlotOp, StepPlan, StepResult
 from ninfer.engine.sampler import sample_rows
 from ninfer.engine.step_io import StepOut, StepRows, host_buffer, pack, pack_rows, packed_len, unpack
@@ -17,6 +17,9 @@ from ninfer.model.cache import ForwardBatch, KVPool, StatePool
 if TYPE_CHECKING:
     from ninfer.engine.multimodal import MediaEncoder
     from ninfer.engine.spec.decoder import SpecDecoder
+
+
+GRAPH_SEGMENTS = 8  # a captured step is cut into this many groups of decoder layers (see CaptureBackend)
 
 
 class Runner:
@@ -60,6 +63,7 @@ class Runner:
             capture = CudaCapture(device)
         self._capture = capture if cuda_graphs else None
         self._step: StepFn = self._forward_logits
+        self._compiled = compile
         if compile:
             self._step = _compiled(self._forward_logits, max_batch)
         if spec is not None:
@@ -87,7 +91,7 @@ class Runner:
         try:
             graphs = DecodeGraphs(
                 self._step, self.max_batch, self.max_pages, cfg.vocab_size, cfg.hidden_size, dtype,
-                self.device, self._capture, verify_q,
+                self.device, self._capture, verify_q, self._layer_cuts(),
             )  # fmt: skip
         except Exception as exc:  # e.g. no memory left for the static logits buffer
             self.graph_stats = GraphStats((), 0.0, 0, f"{type(exc).__name__}: {exc}"[:300])
@@ -97,6 +101,24 @@ class Runner:
         if self.graph_stats.error is None:
             self.graphs = graphs
         return self.graph_stats
+
+    def _layer_cuts(self) -> InstallCut | None:
+        """Cuts the captured step after every len(layers) / GRAPH_SEGMENTS decoder layers (the
+        model's `layer_hook`); none under torch.compile (a Python hook inside the compiled step)."""
+        model = self.model
+        if self._compiled or not hasattr(model, "layer_hook"):
+            return None
+        n = len(model.layers)
+        every = -(-n // GRAPH_SEGMENTS)
+
+        def install(cut: Callable[[], None] | None) -> None:
+            def hook(i: int) -> None:
+                if (i + 1) % every == 0 and i + 1 < n:
+                    cut()  # type: ignore[misc]
+
+            model.layer_hook = None if cut is None else hook
+
+        return install
 
     def execute(self, plan: StepPlan) -> StepResult:
         if not self._prepared:

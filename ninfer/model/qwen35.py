@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,6 +42,8 @@ class Qwen35Model(nn.Module):
         # decoder layers whose outputs `forward` keeps in `captured` (a DFlash drafter's features)
         self.capture_layers: tuple[int, ...] = ()
         self.captured: dict[int, torch.Tensor] = {}
+        # called with i after decoder layer i (None: no call); a graph capture cuts its step there
+        self.layer_hook: Callable[[int], None] | None = None
 
     def init_buffers(self, device: torch.device | str) -> None:
         """(Re)build non-weight buffers (rope tables) on `device`; needed after meta-device construction."""
@@ -74,6 +77,8 @@ class Qwen35Model(nn.Module):
                 x, f = layer.forward_attention(x, y, cos, sin, kv.layer(j), batch)
             else:
                 x, f = layer.forward_linear(x, y, states.conv[j], states.ssm[j], slots)
+            if self.layer_hook is not None:
+                self.layer_hook(i)
         assert f is not None, "a model has at least one layer"
         x, y = self.norm.add(x, f)
         if len(self.layers) - 1 in self.capture_layers:

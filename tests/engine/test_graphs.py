@@ -13,9 +13,9 @@ import torch
 from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
-from ninfer.engine.graphs import DecodeGraphs, EagerCapture
+from ninfer.engine.graphs import DecodeGraphs, EagerCapture, InstallCut
 from ninfer.engine.plan import DecodePlan, DecodeRow, PrefillPlan
-from ninfer.engine.runner import Runner
+from ninfer.engine.runner import GRAPH_SEGMENTS, Runner
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
 from ninfer.engine.step_io import pack, packed_len, unpack
 from ninfer.model.cache import PAGE_SIZE, KVPool, StatePool, make_batch
@@ -105,10 +105,12 @@ def test_graphs_capture_every_size_largest_first_and_replay_through_static_buffe
 
 
 class _FailingCapture(EagerCapture):
-    def capture(self, fn: Callable[[], None], pool: object) -> Callable[[], None]:
+    def capture(
+        self, fn: Callable[[], None], pool: object, install_cut: InstallCut | None = None
+    ) -> Callable[[], None]:
         if len(self.captured) == 1:
             raise RuntimeError("operation not permitted when stream is capturing")
-        return super().capture(fn, pool)
+        return super().capture(fn, pool, install_cut)
 
 
 def _runner(model, **kw) -> Runner:
@@ -128,8 +130,13 @@ def test_runner_graph_switches_and_fallback(small_model) -> None:
     failing = _runner(small_model, capture=_FailingCapture())
     stats = failing.prepare()
     assert failing.graphs is None and stats is not None and "stream is capturing" in (stats.error or "")
-    on = _runner(small_model, capture=EagerCapture())
+    backend = EagerCapture()
+    on = _runner(small_model, capture=backend)
     assert on.prepare().batch_sizes == (1, 2, 3) and on.graphs is not None
+    # each captured step is cut into layer groups (GRAPH_SEGMENTS of them, fewer for a shallow model)
+    layers = len(small_model.layers)
+    every = -(-layers // GRAPH_SEGMENTS)
+    assert backend.segments == [-(-layers // every)] * 3 and small_model.layer_hook is None
     assert on.prepare() is on.graph_stats  # idempotent
     for r in (failing, on):  # a prefill then a decode step run on both (eager fallback / replay)
         r.execute(PrefillPlan(seq_id=1, tokens=[3, 4, 5], start=0, slot=0, pages=[1], sampler=_greedy()))

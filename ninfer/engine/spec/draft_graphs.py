@@ -86,6 +86,7 @@ class DraftGraphs:
         self.static: dict[int, torch.Tensor] = {}  # B -> device [packed_len(B, m, max_pages)]
         self.rope: dict[int, torch.Tensor] = {}  # B -> device [3, B, m]
         self._replay: dict[int, Callable[[], None]] = {}
+        self._cut: Callable[[], None] | None = None  # set while capturing: one graph per draft step
 
     def has(self, b: int) -> bool:
         return b in self._replay
@@ -148,15 +149,20 @@ class DraftGraphs:
                 drafts[:, j] = tok
                 if j == k - 1:
                     break
+                if self._cut is not None:  # the next step's graph launches while this one runs
+                    self._cut()
                 pos = (rope_base + j)[None, :, None].expand(3, b, 1).contiguous()  # [3, B, 1]
                 step = ForwardBatch(tok[:, None], pos, slots, table, positions + j)
                 x = self.mtp(step, x[:, None], self.kv)[:, 0]  # [B, H]
 
-        self._replay[b] = self.backend.capture(fn, pool)
+        self._replay[b] = self.backend.capture(fn, pool, self._install_cut)
         self.static[b] = flat
         self.rope[b] = rope
         if isinstance(self.backend, EagerCapture):
             self.backend.captured.append(b)
+
+    def _install_cut(self, cut: Callable[[], None] | None) -> None:
+        self._cut = cut
 
     # ----- replay -----
     def replay(self, b: int) -> None:
