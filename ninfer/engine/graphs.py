@@ -41,6 +41,17 @@ class CaptureBackend(Protocol):
     def memory_reserved(self) -> int: ...
 
 
+def call_with_cut(fn: Callable[[], None], install_cut: InstallCut | None, cut: Callable[[], None]) -> None:
+    """fn() with `cut` installed (when the step takes one), removed afterwards even on error."""
+    if install_cut is not None:
+        install_cut(cut)
+    try:
+        fn()
+    finally:
+        if install_cut is not None:
+            install_cut(None)
+
+
 class CudaCapture:
     """`torch.cuda.CUDAGraph` capture on a side stream after warm-up calls (Triton JIT and
     autotuning, torch.compile), the last of which must not synchronize with the host."""
@@ -81,13 +92,9 @@ class CudaCapture:
 
         with torch.cuda.stream(torch.cuda.Stream(self.device)):
             graphs[0].capture_begin(pool=pool, capture_error_mode="thread_local")
-            if install_cut is not None:
-                install_cut(cut)
             try:
-                fn()
+                call_with_cut(fn, install_cut, cut)
             finally:
-                if install_cut is not None:
-                    install_cut(None)
                 graphs[-1].capture_end()
         if len(graphs) == 1:
             return graphs[0].replay
@@ -124,13 +131,7 @@ class EagerCapture:
         def cut() -> None:
             cuts[0] += 1
 
-        if install_cut is not None:
-            install_cut(cut)
-        try:
-            fn()
-        finally:
-            if install_cut is not None:
-                install_cut(None)
+        call_with_cut(fn, install_cut, cut)
         self.segments.append(cuts[0] + 1)
         return fn
 
