@@ -28,9 +28,16 @@ class EngineSpec:
 
 
 def make_engine(
-    model: Qwen35Model, es: EngineSpec, max_context: int, lanes: int, graphs: bool = True, **extra: Any
+    model: Qwen35Model,
+    es: EngineSpec,
+    max_context: int,
+    lanes: int,
+    graphs: bool = True,
+    draft_head: Any = None,
+    **extra: Any,
 ) -> Engine:
-    """A started engine over `model`; `extra` sets further EngineConfig fields (compile, spec_*)."""
+    """A started engine over `model`; `extra` sets further EngineConfig fields (compile, spec_*);
+    `draft_head`: the proposal head for `lm_head_draft=True`."""
     cfg = EngineConfig(
         max_concurrency=lanes,
         max_pending=16,
@@ -44,7 +51,7 @@ def make_engine(
         no_cuda_graph=not graphs or not es.device.startswith("cuda"),
         **extra,
     )
-    return Engine(model, cfg).start()
+    return Engine(model, cfg, draft_head=draft_head).start()
 
 
 def free(*engines: Engine | None) -> None:

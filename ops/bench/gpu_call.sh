@@ -9,7 +9,8 @@
 # "bench_27b bench_35b kernel_tests micro") run in order, each bounded by what is left of
 # BUDGET_S (default 540): the 27B bench with its speculative rows; the 35B-A3B bench with a
 # cold / warm start; the compiled kernel tests; the MoE and GEMV micro-benchmarks; on request
-# "probe" (ops/bench/oracle_probe.py) and "moe_sweep" (moe_micro.py --sweep at SWEEP_TOKENS). At most
+# "probe" (ops/bench/oracle_probe.py), "spec_identity" (ops/bench/spec_identity.py) and "moe_sweep"
+# (moe_micro.py --sweep at SWEEP_TOKENS). At most
 # eight files land in OUT_DIR (logs, result JSON; the 35B-A3B result under OUT_DIR/m35).
 # BENCH27_ARGS / BENCH35_ARGS replace the benches' section flags (defaults: "--skip hf" and
 # "--skip hf,spec --startup qwen3.6-35b-a3b"); BENCH27_S / BENCH35_S their seconds (300 / 220).
@@ -57,6 +58,7 @@ for step in $steps; do
         run probe 150 python3 ops/bench/oracle_probe.py --model qwen3.6-27b --out "$out/probe27"
         run probe 150 python3 ops/bench/oracle_probe.py --model qwen3.6-35b-a3b --out "$out/probe35"
         ;;
+    spec_identity) run spec_identity 200 python3 ops/bench/spec_identity.py --out "$out/identity" ;;
     moe_sweep) run moe_sweep 300 python3 ops/bench/moe_micro.py --sweep --tokens "${SWEEP_TOKENS:-8}" --replays 10 \
         --out "$out/sweep" ;;
     kernel_tests) run kernel_tests 180 env TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider tests/kernels ;;
@@ -64,7 +66,7 @@ for step in $steps; do
         run micro 90 python3 ops/bench/moe_micro.py --out "$out"
         run micro 60 python3 ops/bench/gemv_micro.py --out "$out"
         ;;
-    *) echo "unknown step $step (bench_27b bench_35b probe moe_sweep kernel_tests micro)" ;;
+    *) echo "unknown step $step (bench_27b bench_35b probe spec_identity moe_sweep kernel_tests micro)" ;;
     esac
 done
 echo "done in $(($(date +%s) - start)) s"
