@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ninfer.engine.step_io import StepOut, StepRows
 from ops.bench.engine_runs import EngineSpec, free, make_engine, run_requests
+from ops.bench.report import provenance
 from ops.bench.shapes import attach_mtp, build_model, hf_shape, random_prompt
 
 
@@ -124,7 +125,13 @@ def main() -> None:
     max_ctx = args.context + 37 * lanes + args.tokens + 64 * 4  # the staggered prompts are longer
     eng = make_engine(model, es, max_ctx, lanes, spec_method="mtp", draft_tokens=args.k,
                       spec_oracle_wrong_fraction=0.0)  # fmt: skip
-    result: dict[str, Any] = {"model": args.model, "layers": args.layers, "k": args.k, "runs": {}}
+    result: dict[str, Any] = {
+        **provenance("ops/bench/oracle_probe.py", sys.argv[1:]),
+        "model": args.model,
+        "layers": args.layers,
+        "k": args.k,
+        "runs": {},
+    }
     try:
         rec = Recorder(eng.spec._forward, args.k)
         checks = []
