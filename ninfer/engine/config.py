@@ -32,6 +32,9 @@ class EngineConfig:
     kv_dtype: str | None = None
     no_cuda_graph: bool = False  # decode eagerly instead of replaying one CUDA graph per batch size
     compile: bool = False  # run the decode step through torch.compile (inductor)
+    # decode/verify graphs launched in this many layer groups (None: 8 for MoE models, whose steps
+    # are launch-bound, else 1; see graphs.CaptureBackend and the README's measurements)
+    graph_segments: int | None = None
     # Speculative decoding (frozen at startup; without a method no MTP weights or buffers exist).
     spec_method: str | None = None  # None | "mtp" | "dflash" (the artifact's dflash component)
     draft_tokens: int = 3  # k drafts per round: 1..5 for MTP, 1..15 for DFlash

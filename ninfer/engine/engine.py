@@ -29,7 +29,7 @@ from ninfer.engine.pages import PageAllocator, pages_for
 from ninfer.engine.plan import DecodePlan, PrefillPlan
 from ninfer.engine.prefix_cache import PrefixCache
 from ninfer.engine.retire import Retirer
-from ninfer.engine.runner import Runner
+from ninfer.engine.runner import Runner, default_graph_segments
 from ninfer.engine.sampler import RowSampler
 from ninfer.engine.scheduler import DECODE, Scheduler, Seq, Snapshot
 from ninfer.engine.sizing import SizingLedger, mtp_kv_layers, resolve_kv
@@ -104,6 +104,7 @@ class Engine:
             max_batch=config.max_concurrency,
             cuda_graphs=not config.no_cuda_graph,  # with --spec: decode and verify graphs
             compile=config.compile,
+            graph_segments=config.graph_segments or default_graph_segments(model),
             spec=self.spec,
             media=self.media,
         )

@@ -15,7 +15,7 @@ from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.graphs import DecodeGraphs, EagerCapture, InstallCut
 from ninfer.engine.plan import DecodePlan, DecodeRow, PrefillPlan
-from ninfer.engine.runner import GRAPH_SEGMENTS, Runner
+from ninfer.engine.runner import MOE_GRAPH_SEGMENTS, Runner
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
 from ninfer.engine.step_io import pack, packed_len, unpack
 from ninfer.model.cache import PAGE_SIZE, KVPool, StatePool, make_batch
@@ -131,12 +131,14 @@ def test_runner_graph_switches_and_fallback(small_model) -> None:
     stats = failing.prepare()
     assert failing.graphs is None and stats is not None and "stream is capturing" in (stats.error or "")
     backend = EagerCapture()
-    on = _runner(small_model, capture=backend)
+    on = _runner(small_model, capture=backend, graph_segments=MOE_GRAPH_SEGMENTS)
     assert on.prepare().batch_sizes == (1, 2, 3) and on.graphs is not None
-    # each captured step is cut into layer groups (GRAPH_SEGMENTS of them, fewer for a shallow model)
+    # each captured step is cut into layer groups (graph_segments of them, fewer for a shallow model)
     layers = len(small_model.layers)
-    every = -(-layers // GRAPH_SEGMENTS)
+    every = -(-layers // MOE_GRAPH_SEGMENTS)
     assert backend.segments == [-(-layers // every)] * 3 and small_model.layer_hook is None
+    single = EagerCapture()
+    assert _runner(small_model, capture=single).prepare() is not None and single.segments == [1] * 3
     assert on.prepare() is on.graph_stats  # idempotent
     for r in (failing, on):  # a prefill then a decode step run on both (eager fallback / replay)
         r.execute(PrefillPlan(seq_id=1, tokens=[3, 4, 5], start=0, slot=0, pages=[1], sampler=_greedy()))
