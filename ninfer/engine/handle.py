@@ -24,7 +24,9 @@ class RequestHandle:
         self.ticket = ticket
         self.stats = stats
         self._cancel = cancel
-        self._queue: queue.Queue[StepOutput | EngineError] = queue.Queue()
+        # SimpleQueue: its put is one C call (queue.Queue's takes a Condition and a deque), and the
+        # engine thread puts every token of every running request
+        self._queue: queue.SimpleQueue[StepOutput | EngineError] = queue.SimpleQueue()
         self.finished = False
         self.timeout_s: float | None = None  # per-item wait bound while iterating
 
