@@ -45,7 +45,7 @@ def make_engine(
         prefill_chunk=es.chunk,
         max_context=max_context,
         kv_capacity=max_context * lanes,
-        no_prefix_reuse=True,
+        no_prefix_reuse=extra.pop("no_prefix_reuse", True),
         device=es.device,
         dtype=es.dtype,
         no_cuda_graph=not graphs or not es.device.startswith("cuda"),

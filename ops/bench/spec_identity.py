@@ -34,8 +34,11 @@ from ops.bench.shapes import attach_mtp, build_model, hf_shape, random_prompt
 from ops.bench.spec_rows import proposal_head
 
 
-def generate(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int) -> list[list[int]]:
-    """Greedy tokens of every prompt, all submitted at once."""
+def generate(
+    engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int, cached: list[int] | None = None
+) -> list[list[int]]:
+    """Greedy tokens of every prompt, all submitted at once; `cached` receives each request's
+    cached prompt tokens (prefix reuse)."""
     handles = []
     for i, p in enumerate(prompts):
         req = GenerationRequest(
@@ -47,16 +50,27 @@ def generate(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int) ->
         tokens, _ = h.result(300.0)
         h.close()
         out.append(list(tokens))
+        if cached is not None:
+            cached.append(h.stats.cached_tokens)
     return out
 
 
-def outputs(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int) -> dict[str, list[list[int]]]:
-    """The first prompt alone, then all eight at once; the engine is freed afterwards."""
+def outputs(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int) -> dict[str, Any]:
+    """The first prompt alone, all eight at once, then two-turn conversations on the last two
+    prompts (turn 2 = turn 1's prompt and output + new tokens: a prefix-cache hit); the engine is
+    freed afterwards. `cached_turn2`: the second turns' cached prompt tokens (> 0: a hit)."""
     try:
-        return {
+        out: dict[str, Any] = {
             "alone": generate(engine, prompts[:1], max_tokens),
             "batch8": generate(engine, prompts, max_tokens),
         }
+        first = prompts[6:]
+        turn1 = generate(engine, first, max_tokens)
+        turn2 = [(*p, *o, *p[:9]) for p, o in zip(first, turn1, strict=True)]
+        cached: list[int] = []
+        out["reuse"] = turn1 + generate(engine, turn2, max_tokens, cached)
+        out["cached_turn2"] = cached
+        return out
     finally:
         free(engine)
 
@@ -81,15 +95,19 @@ def main() -> None:
     es = EngineSpec(dev, str(dtype).removeprefix("torch."), 64)
     vocab = model.config.vocab_size
     prompts = [random_prompt(40 + 23 * i, 300 + i, vocab) for i in range(8)]
-    max_ctx = 40 + 23 * 7 + args.tokens + 5 + 128
+    max_ctx = 2 * (40 + 23 * 7 + args.tokens) + 9 + 5 + 128  # a second turn doubles a prompt
     res: dict[str, Any] = {
         **provenance("ops/bench/spec_identity.py", sys.argv[1:]),
         "runs": {},
         "differences": [],
+        "cached_turn2": {},
     }
     for kv in (es.dtype, "int8"):  # the model dtype's KV (bf16 on the GPU), then int8
         kv_dtype = "int8" if kv == "int8" else None
-        want = outputs(make_engine(model, es, max_ctx, 8, kv_dtype=kv_dtype), prompts, args.tokens)
+        want = outputs(
+            make_engine(model, es, max_ctx, 8, kv_dtype=kv_dtype, no_prefix_reuse=False), prompts, args.tokens
+        )
+        res["cached_turn2"][f"{kv} spec off"] = want.pop("cached_turn2")
         for k in (int(x) for x in args.ks.split(",")):
             for reduced in (False, True):
                 extra = {
@@ -97,10 +115,12 @@ def main() -> None:
                     "draft_tokens": k,
                     "lm_head_draft": reduced,
                     "kv_dtype": kv_dtype,
+                    "no_prefix_reuse": False,
                 }
                 eng = make_engine(model, es, max_ctx, 8, draft_head=head if reduced else None, **extra)
                 got = outputs(eng, prompts, args.tokens)
                 key = f"{kv} k={k} {'proposal' if reduced else 'full'}"
+                res["cached_turn2"][key] = got.pop("cached_turn2")
                 same = {m: got[m] == want[m] for m in want}
                 res["runs"][key] = same
                 for m in want:
@@ -111,11 +131,16 @@ def main() -> None:
                                 {"run": key, "mode": m, "request": i, "first_diff": first}
                             )
                 print(f"{key}: {same}", flush=True)
-    res["identical"] = not res["differences"]
+    hits = all(c > 0 for cs in res["cached_turn2"].values() for c in cs)
+    res["identical"] = not res["differences"] and hits  # every second turn must be a cache hit too
     res["seconds"] = time.perf_counter() - t0
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "spec_identity.json").write_text(json.dumps(res, indent=1))
-    print("identical" if res["identical"] else f"DIFFERENT: {res['differences'][:5]}")
+    print(
+        "identical"
+        if res["identical"]
+        else f"NOT IDENTICAL: {res['differences'][:5]}, hits {res['cached_turn2']}"
+    )
 
 
 if __name__ == "__main__":
