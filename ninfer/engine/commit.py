@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ninfer.engine.api import StepOutput
 from ninfer.engine.counters import Counters
-from ninfer.engine.handle import RequestHandle
+from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.plan import DecodePlan, PrefillPlan, StepResult
 from ninfer.engine.retire import Retirer
 from ninfer.engine.scheduler import DECODE, Scheduler, Seq
@@ -21,7 +21,9 @@ class Committer:
         retirer: Retirer,
         seqs: dict[int, Seq],
         handles: dict[int, RequestHandle],
+        outbox: Outbox,
     ) -> None:
+        self.outbox = outbox  # token outputs go out once the next step is launched
         self.scheduler = scheduler
         self.counters = counters
         self.retirer = retirer
@@ -98,7 +100,7 @@ class Committer:
             text=text,
         )
         if finish is None:
-            self.handles[seq.id]._put(out)
+            self.outbox.put(self.handles[seq.id], out)
             return False
         self.retirer.end(seq, out, keep=True)
         return True

@@ -22,7 +22,7 @@ from ninfer.engine.cold_tier import build_cold_tier, lane_pools
 from ninfer.engine.commit import Committer
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.counters import Counters
-from ninfer.engine.handle import RequestHandle
+from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.intake import prepare
 from ninfer.engine.multimodal import MediaEncoder
 from ninfer.engine.pages import PageAllocator, pages_for
@@ -123,10 +123,14 @@ class Engine:
         self._accepting = True
         self._drain_deadline: float | None = None
         self._snapshot = self.scheduler.snapshot()
+        self._outbox = Outbox()  # token outputs wait for the next step's launch (see Outbox)
         self._retire = Retirer(
-            self.scheduler, self.cache, self.allocator, self.media, self.cold_tier, self._seqs, self._handles
+            self.scheduler, self.cache, self.allocator, self.media, self.cold_tier, self._seqs, self._handles,
+            self._outbox,
+        )  # fmt: skip
+        self._commit = Committer(
+            self.scheduler, self.counters, self._retire, self._seqs, self._handles, self._outbox
         )
-        self._commit = Committer(self.scheduler, self.counters, self._retire, self._seqs, self._handles)
         self._thread: threading.Thread | None = None
         self.error: str | None = None  # set when the engine thread died; every request then fails
         self.prepared = threading.Event()  # set once the engine thread finished warm-up / graph capture
@@ -270,6 +274,7 @@ class Engine:
                         else:
                             self._retire.fail(seq, EngineStopped("the engine shut down before admission"))
                 if not self._seqs:
+                    self._outbox.flush()
                     self._snapshot = sched.snapshot()
                     return
             for seq in sched.expire(now):
@@ -279,6 +284,7 @@ class Engine:
             plan = sched.next_plan()
             self._snapshot = sched.snapshot()
             if plan is None:
+                self._outbox.flush()  # nothing to launch: deliver the last round's tokens now
                 self._idle_wait(now)
             else:
                 self._step(plan)
@@ -297,7 +303,7 @@ class Engine:
     def _step(self, plan: PrefillPlan | DecodePlan) -> None:
         ids = [plan.seq_id] if isinstance(plan, PrefillPlan) else [r.seq_id for r in plan.rows]
         try:
-            result = self.runner.execute(plan)
+            result = self.runner.execute(plan, on_launch=self._outbox.flush)
         except Exception as exc:  # a failed step fails its requests, not the engine
             for sid in ids:
                 out = StepOutput(token_ids=(), finish_reason="error", error=f"{type(exc).__name__}: {exc}")

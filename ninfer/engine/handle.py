@@ -73,3 +73,28 @@ class RequestHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Outbox:
+    """The engine thread's deliveries to request handles, in order per handle.
+
+    A round's token outputs wait in `pending` until `flush()`, which the runner calls once the
+    next step's GPU work is launched: waking the callers' threads (and their Python work) then
+    overlaps the GPU instead of delaying the launch. Final outputs and errors (`put_now`) first
+    flush what is pending, so each handle still receives its items in order.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[RequestHandle, StepOutput]] = []
+
+    def put(self, handle: RequestHandle, out: StepOutput) -> None:
+        self.pending.append((handle, out))
+
+    def put_now(self, handle: RequestHandle, item: StepOutput | EngineError) -> None:
+        self.flush()
+        handle._put(item)
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        for handle, out in pending:
+            handle._put(out)

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from ninfer.engine.api import EngineError, StepOutput
 from ninfer.engine.cold_tier import ColdTier
-from ninfer.engine.handle import RequestHandle
+from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.multimodal import MediaEncoder
 from ninfer.engine.pages import PageAllocator
 from ninfer.engine.plan import DecodePlan
@@ -49,7 +49,9 @@ class Retirer:
         cold_tier: ColdTier | None,
         seqs: dict[int, Seq],
         handles: dict[int, RequestHandle],
+        outbox: Outbox,
     ) -> None:
+        self.outbox = outbox  # last items go out at once, after whatever is pending
         self.scheduler = scheduler
         self.cache = cache
         self.allocator = allocator
@@ -69,12 +71,12 @@ class Retirer:
     def end(self, seq: Seq, out: StepOutput, keep: bool) -> None:
         """Finish `seq` with a final output; `keep` retains its lane for prefix reuse."""
         self._retire(seq, keep)
-        self.handles.pop(seq.id)._put(out)
+        self.outbox.put_now(self.handles.pop(seq.id), out)
 
     def fail(self, seq: Seq, exc: EngineError) -> None:
         """Finish `seq` by raising `exc` on its handle."""
         self._retire(seq, keep=False)
-        self.handles.pop(seq.id)._put(exc)
+        self.outbox.put_now(self.handles.pop(seq.id), exc)
 
     def _retire(self, seq: Seq, keep: bool) -> None:
         self.drop_media(seq)
@@ -102,4 +104,4 @@ class Retirer:
                 pass
         self.seqs.clear()
         for handle in handles:
-            handle._put(EngineError(f"the engine failed: {error}"))
+            self.outbox.put_now(handle, EngineError(f"the engine failed: {error}"))

@@ -82,6 +82,7 @@ class Runner:
             spec.bind(self.forward)
         self.graphs: DecodeGraphs | None = None
         self.graph_stats: GraphStats | None = None
+        self._on_launch: Callable[[], None] | None = None  # the running execute's (see execute)
         self._prepared = False
         self._steps = 0
 
@@ -133,20 +134,33 @@ class Runner:
 
         return install
 
-    def execute(self, plan: StepPlan) -> StepResult:
+    def execute(self, plan: StepPlan, on_launch: Callable[[], None] | None = None) -> StepResult:
+        """Run one plan. `on_launch` is called once, as soon as the step's GPU work is queued (after
+        a graph replay's launch; before an eager forward, whose launches are the host's work), so
+        host work on the caller's side overlaps the GPU; at the latest before returning."""
         if not self._prepared:
             self.prepare()
         self._steps += 1
+        self._on_launch = on_launch
         t0 = time.perf_counter()
-        with torch.inference_mode():
-            if isinstance(plan, PrefillPlan):
-                result = self._prefill(plan)
-            else:
-                result = self._decode(plan)
+        try:
+            with torch.inference_mode():
+                if isinstance(plan, PrefillPlan):
+                    result = self._prefill(plan)
+                else:
+                    result = self._decode(plan)
+        finally:
+            self._launched()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         result.seconds = time.perf_counter() - t0
         return result
+
+    def _launched(self) -> None:
+        """Call the current execute's `on_launch`, once."""
+        fn, self._on_launch = self._on_launch, None
+        if fn is not None:
+            fn()
 
     def _slot_ops(self, ops: list[SlotOp]) -> None:
         for op in ops:
@@ -178,7 +192,10 @@ class Runner:
             host_buffer(packed_len(b, q, self.max_pages, writes), self.device), rows, self.max_pages
         )
         if self.graphs is not None and self.graphs.has(b, q) and writes == (q > 1):
-            return self.graphs.run(host, b, q)
+            out = self.graphs.run(host, b, q)
+            self._launched()  # the GPU runs the graph while the caller's host work goes on
+            return out
+        self._launched()
         flat = host.to(self.device, non_blocking=True)
         batch = unpack(flat, b, q, self.max_pages, max_kv_len=max(rows.starts) + q, writes=writes)
         hidden, logits = self._step(batch)
@@ -215,6 +232,7 @@ class Runner:
         return self._forward_logits(batch)[1][:, -1]
 
     def _prefill(self, plan: PrefillPlan) -> StepResult:
+        self._launched()  # an eager forward: its kernel launches are host work, deliver first
         self._slot_ops(plan.ops_before)
         batch = self._batch([plan.tokens], [plan.start], [plan.slot], [plan.pages])
         vision_s = 0.0

@@ -190,3 +190,30 @@ def test_engine_tokens_with_replayed_graphs_equal_eager(small_model, params) -> 
     engine.shutdown()
     assert backend.captured == [(4, 1), (3, 1), (2, 1), (1, 1)]
     assert got == want
+
+
+def test_on_launch_runs_once_after_a_graph_launch_and_before_eager_work(small_model) -> None:
+    """Runner.execute's on_launch (the engine delivers the last round's tokens there): right after a
+    replayed graph is launched, so the callers' threads run while the GPU works; before an eager
+    forward, whose kernel launches are themselves host work; exactly once per step."""
+    events: list[str] = []
+    graphed = _runner(small_model, capture=EagerCapture())
+    graphed.prepare()
+    assert graphed.graphs is not None
+    inner = graphed.graphs.run
+    graphed.graphs.run = lambda host, b, q=1: (events.append("replay"), inner(host, b, q))[1]  # type: ignore[method-assign]
+    prefill = PrefillPlan(seq_id=1, tokens=[3, 4, 5], start=0, slot=0, pages=[1], sampler=_greedy())
+    graphed.execute(prefill, on_launch=lambda: events.append("launch"))
+    assert events == ["launch"]
+    events.clear()
+    graphed.execute(
+        DecodePlan([DecodeRow(1, 7, 3, 0, [1], _greedy())]), on_launch=lambda: events.append("launch")
+    )
+    assert events == ["replay", "launch"]
+    eager = _runner(small_model, cuda_graphs=False)
+    events.clear()
+    eager.execute(prefill, on_launch=lambda: events.append("launch"))
+    eager.execute(
+        DecodePlan([DecodeRow(1, 7, 3, 0, [1], _greedy())]), on_launch=lambda: events.append("launch")
+    )
+    assert events == ["launch", "launch"]
