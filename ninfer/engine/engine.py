@@ -104,7 +104,7 @@ class Engine:
             max_batch=config.max_concurrency,
             cuda_graphs=not config.no_cuda_graph,  # with --spec: decode and verify graphs
             compile=config.compile,
-            graph_segments=config.graph_segments or default_graph_segments(model),
+            graph_segments=config.graph_segments or default_graph_segments(self.text_config),
             spec=self.spec,
             media=self.media,
         )

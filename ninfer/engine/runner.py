@@ -13,6 +13,7 @@ from ninfer.engine.plan import DecodePlan, PrefillPlan, SlotOp, StepPlan, StepRe
 from ninfer.engine.sampler import sample_rows
 from ninfer.engine.step_io import StepOut, StepRows, host_buffer, pack, pack_rows, packed_len, unpack
 from ninfer.model.cache import ForwardBatch, KVPool, StatePool
+from ninfer.model.config import TextConfig
 
 if TYPE_CHECKING:
     from ninfer.engine.multimodal import MediaEncoder
@@ -22,14 +23,12 @@ if TYPE_CHECKING:
 MOE_GRAPH_SEGMENTS = 8  # MoE models' captured steps: this many groups of decoder layers (see CaptureBackend)
 
 
-def default_graph_segments(model: torch.nn.Module) -> int:
-    """Segments of a captured step when the config leaves it open. Measured on the H200: the
-    35B-A3B's batch-8 decode round took 7.90 ms in 8 segments against 8.91 ms as one graph (its
-    ~770 small kernels launch for ~1.3 ms); the 27B dense step, whose launch hides behind its
-    GPU time, was no faster in segments and the engine's step ~0.2 ms slower (67.0-67.2 tok/s
-    against 68.4-69.4 as one graph)."""
-    cfg = getattr(model, "config", None)
-    return MOE_GRAPH_SEGMENTS if getattr(cfg, "is_moe", False) else 1
+def default_graph_segments(config: TextConfig) -> int:
+    """Segments of a captured step when the engine config leaves it open. Measured on the H200:
+    the 35B-A3B's batch-8 decode round took 7.90 ms in 8 segments against 8.91 ms as one graph
+    (its ~770 small kernels launch for ~1.3 ms); the 27B dense step, whose launch hides behind its
+    GPU time, was no faster in segments and the engine's step ~0.2 ms slower."""
+    return MOE_GRAPH_SEGMENTS if config.is_moe else 1
 
 
 class Runner:
@@ -120,7 +119,7 @@ class Runner:
         model's `layer_hook`); none for one segment or under torch.compile (a Python hook inside
         the compiled step)."""
         model = self.model
-        if self.graph_segments <= 1 or self._compiled or not hasattr(model, "layer_hook"):
+        if self.graph_segments <= 1 or self._compiled:
             return None
         n = len(model.layers)
         every = -(-n // self.graph_segments)

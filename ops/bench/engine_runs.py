@@ -34,10 +34,11 @@ def make_engine(
     lanes: int,
     graphs: bool = True,
     draft_head: Any = None,
+    prefix_reuse: bool = False,
     **extra: Any,
 ) -> Engine:
     """A started engine over `model`; `extra` sets further EngineConfig fields (compile, spec_*);
-    `draft_head`: the proposal head for `lm_head_draft=True`."""
+    `draft_head`: the proposal head for `lm_head_draft=True`; prefix reuse off unless asked for."""
     cfg = EngineConfig(
         max_concurrency=lanes,
         max_pending=16,
@@ -45,7 +46,7 @@ def make_engine(
         prefill_chunk=es.chunk,
         max_context=max_context,
         kv_capacity=max_context * lanes,
-        no_prefix_reuse=extra.pop("no_prefix_reuse", True),
+        no_prefix_reuse=not prefix_reuse,
         device=es.device,
         dtype=es.dtype,
         no_cuda_graph=not graphs or not es.device.startswith("cuda"),

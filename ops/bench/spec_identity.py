@@ -105,7 +105,7 @@ def main() -> None:
     for kv in (es.dtype, "int8"):  # the model dtype's KV (bf16 on the GPU), then int8
         kv_dtype = "int8" if kv == "int8" else None
         want = outputs(
-            make_engine(model, es, max_ctx, 8, kv_dtype=kv_dtype, no_prefix_reuse=False), prompts, args.tokens
+            make_engine(model, es, max_ctx, 8, kv_dtype=kv_dtype, prefix_reuse=True), prompts, args.tokens
         )
         res["cached_turn2"][f"{kv} spec off"] = want.pop("cached_turn2")
         for k in (int(x) for x in args.ks.split(",")):
@@ -115,9 +115,10 @@ def main() -> None:
                     "draft_tokens": k,
                     "lm_head_draft": reduced,
                     "kv_dtype": kv_dtype,
-                    "no_prefix_reuse": False,
                 }
-                eng = make_engine(model, es, max_ctx, 8, draft_head=head if reduced else None, **extra)
+                eng = make_engine(
+                    model, es, max_ctx, 8, draft_head=head if reduced else None, prefix_reuse=True, **extra
+                )
                 got = outputs(eng, prompts, args.tokens)
                 key = f"{kv} k={k} {'proposal' if reduced else 'full'}"
                 res["cached_turn2"][key] = got.pop("cached_turn2")
