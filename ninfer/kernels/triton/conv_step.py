@@ -6,7 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.triton import pdl
 from ninfer.kernels.triton._checks import check_devices, check_int_index, last_dim_contiguous
+from ninfer.kernels.triton.pdl import pdl_enter
 
 
 @triton.jit
@@ -33,7 +35,9 @@ def _conv_step_kernel(
     K: tl.constexpr,
     SP: tl.constexpr,
     BC: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.py)
 ):  # fmt: skip
+    pdl_enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     offs_c = tl.program_id(1) * BC + tl.arange(0, BC)
     mask_c = offs_c < C
@@ -134,7 +138,7 @@ def conv_step(
         conv_pool.stride(0), conv_pool.stride(1), conv_pool.stride(2),
         slot_idx.stride(0), slot_idx.stride(1),
         out.stride(0), out.stride(1),
-        T=t, K=kernel, SP=max(2, triton.next_power_of_2(kernel - 1)), BC=bc,
+        T=t, K=kernel, SP=max(2, triton.next_power_of_2(kernel - 1)), BC=bc, **pdl.launch(x),
         num_warps=num_warps,
     )  # fmt: skip
     return out

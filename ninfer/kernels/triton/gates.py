@@ -11,7 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.triton import pdl
 from ninfer.kernels.triton._checks import check_devices
+from ninfer.kernels.triton.pdl import pdl_enter
 
 _BLOCK = 1024
 
@@ -23,7 +25,9 @@ def _gate_kernel(
     sa0, sa1, sb0, sb1, sg0, sy0, sy1,
     OP: tl.constexpr,  # 0: a * sigmoid(b); 1: silu(a) * b; 2: a + sigmoid(g[row]) * b
     BD: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.py)
 ):  # fmt: skip
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     o, i = row // INNER, row % INNER
     offs = tl.program_id(1) * BD + tl.arange(0, BD)
@@ -66,7 +70,7 @@ def _launch(a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None, out_shape:
         _gate_kernel[(rows, triton.cdiv(d, bd))](
             av, bv, av if g is None else g, yv, inner, d,
             av.stride(0), av.stride(1), bv.stride(0), bv.stride(1), gs, yv.stride(0), yv.stride(1),
-            OP=op, BD=bd, num_warps=4,
+            OP=op, BD=bd, num_warps=4, **pdl.launch(a),
         )  # fmt: skip
     return y
 

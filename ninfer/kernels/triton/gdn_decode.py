@@ -6,7 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.triton import pdl
 from ninfer.kernels.triton._checks import check_devices, check_int_index, last_dim_contiguous
+from ninfer.kernels.triton.pdl import pdl_enter
 
 
 @triton.jit
@@ -38,7 +40,9 @@ def _gdn_step_kernel(
     BV: tl.constexpr,
     GROUP: tl.constexpr,
     FUSED_GATING: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.py)
 ):  # fmt: skip
+    pdl_enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     vb = tl.program_id(2)
@@ -261,6 +265,6 @@ def _launch(
         slot_idx.stride(0), slot_idx.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         DK=dk, DV=dv, BK=bk, BV=bv, GROUP=nv // nk, FUSED_GATING=fused_gating,
-        num_warps=num_warps,
+        num_warps=num_warps, **pdl.launch(q),
     )  # fmt: skip
     return out

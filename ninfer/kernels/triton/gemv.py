@@ -27,7 +27,9 @@ import triton
 import triton.language as tl
 from triton import knobs
 
+from ninfer.kernels.triton import pdl
 from ninfer.kernels.triton._checks import check_devices
+from ninfer.kernels.triton.pdl import pdl_enter, pdl_trigger, pdl_wait
 
 MAX_ROWS = 16  # M above this (prefill) goes to torch.nn.functional.linear
 NUM_SMS = 132  # H200; the grid target is a few programs per SM
@@ -61,7 +63,9 @@ def _gemv_kernel(
     IEEE: tl.constexpr,  # fp32 tiles in tl.dot: full precision, never TF32
     EVEN_K: tl.constexpr,  # K_PER_SPLIT and K are multiples of BLOCK_K: no masks along K
     ACT: tl.constexpr,  # 0: x as stored; 1: x = silu(gate) * up, gate at x, up at x + su
+    PDL: tl.constexpr,  # programmatic dependent launch (see pdl.py)
 ):  # fmt: skip
+    pdl_trigger(PDL)
     dt = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -75,6 +79,17 @@ def _gemv_kernel(
     offs_k = k_lo + tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows_w[:, None] * sw + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
     x_ptrs = x_ptr + rows_x[:, None] * sx + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
+    touched = 0.0
+    if PDL:
+        if BLOCK_K >= 64:  # W depends on no kernel: fetch this program's first lines while the last one ends
+            lines = k_lo + tl.arange(0, BLOCK_K // 64) * 64  # one element per 128-byte line (bf16)
+            early = tl.load(
+                w_ptr + rows_w[:, None] * sw + lines[None, :], mask=lines[None, :] < k_hi, other=0.0
+            )
+            pdl_wait(PDL)
+            touched = tl.where(M < 0, tl.sum(early.to(tl.float32)), 0.0)  # never true: keeps the load, adds 0
+        else:
+            pdl_wait(PDL)
     if USE_DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
@@ -105,6 +120,7 @@ def _gemv_kernel(
         x_ptrs += BLOCK_K
     if not USE_DOT:
         acc = tl.sum(acc3, axis=2)
+    acc += touched
     y_ptrs = y_ptr + pid_k * sy_split + offs_m[:, None] * sy + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
@@ -116,7 +132,9 @@ def _split_sum_kernel(
     MN,
     SPLIT: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -248,11 +266,13 @@ def gemv(
         x2.stride(0), 0 if act is None else k, weight.stride(0), 0 if split == 1 else m * n, n,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot,
         IEEE=x.dtype == torch.float32, EVEN_K=k % cfg.block_k == 0 and k_per_split % cfg.block_k == 0,
-        ACT=0 if act is None else 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ACT=0 if act is None else 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch(x2),
     )  # fmt: skip
     if split > 1:
         block = 1024
-        _split_sum_kernel[(triton.cdiv(m * n, block),)](out, y, m * n, SPLIT=split, BLOCK=block, num_warps=4)
+        _split_sum_kernel[(triton.cdiv(m * n, block),)](
+            out, y, m * n, SPLIT=split, BLOCK=block, num_warps=4, **pdl.launch(x2)
+        )
     return y.view(*lead, n)
 
 

@@ -6,7 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.triton import pdl
 from ninfer.kernels.triton._checks import check_devices, check_int_index
+from ninfer.kernels.triton.pdl import pdl_enter
 
 
 @triton.jit
@@ -18,7 +20,9 @@ def _write_kv_kernel(
     s_tb,
     PAGE: tl.constexpr,
     BD: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.py)
 ):  # fmt: skip
+    pdl_enter(PDL)
     bt = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     b, t = bt // Q, bt % Q
@@ -73,4 +77,5 @@ def write_kv(
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         page_table.stride(0), PAGE=page, BD=triton.next_power_of_2(hd), num_warps=1 if hd <= 128 else 2,
+        **pdl.launch(k),
     )  # fmt: skip

@@ -22,8 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.triton import pdl
 from ninfer.kernels.triton._checks import check_devices, check_int_index
 from ninfer.kernels.triton.moe_kernels import down_kernel, expert_sum_kernel, gate_up_kernel
+from ninfer.kernels.triton.pdl import pdl_enter
 
 SMALL_MAX_ROWS = 384  # N·k up to this many (token, expert) rows use `moe_experts_small`
 SMALL_MAX_TOKENS = 64  # ... and N up to this many tokens (the gate/up kernel holds all N in a tile)
@@ -38,7 +40,9 @@ def _route_kernel(
     K: tl.constexpr,
     KP: tl.constexpr,  # K rounded up to a power of two
     BE: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.py)
 ):  # fmt: skip
+    pdl_enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BE)
     mask = offs < E
@@ -76,7 +80,7 @@ def moe_route(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     if n:
         _route_kernel[(n,)](logits, idx, w, e, logits.stride(0), idx.stride(0), w.stride(0),
                             K=k, KP=triton.next_power_of_2(k), BE=triton.next_power_of_2(e),
-                            num_warps=4)  # fmt: skip
+                            num_warps=4, **pdl.launch(logits))  # fmt: skip
     return idx, w
 
 
@@ -129,16 +133,16 @@ def moe_experts_small(
     gate_up_kernel[(n * k, triton.cdiv(ie, cfg.gate_up_bn))](
         x, gate_up, idx, act, n, h, ie, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
         K=k, KP=kp, NP=np_, BN=cfg.gate_up_bn, BK=cfg.gate_up_bk, PREC=prec,
-        num_warps=cfg.gate_up_warps, num_stages=cfg.gate_up_stages,
+        num_warps=cfg.gate_up_warps, num_stages=cfg.gate_up_stages, **pdl.launch(x),
     )  # fmt: skip
     down_kernel[(n * k, triton.cdiv(h, cfg.down_bn))](
         act, down, idx, tw, z, n, h, ie, act.stride(0), down.stride(0), down.stride(1), z.stride(0),
         K=k, KP=kp, NP=np_, BN=cfg.down_bn, BK=cfg.down_bk, PREC=prec,
-        num_warps=cfg.down_warps, num_stages=cfg.down_stages,
+        num_warps=cfg.down_warps, num_stages=cfg.down_stages, **pdl.launch(x),
     )  # fmt: skip
     block = min(SUM_BLOCK, triton.next_power_of_2(h))
     expert_sum_kernel[(n, triton.cdiv(h, block))](
-        z, y, h, z.stride(0), y.stride(0), K=k, BLOCK=block, num_warps=4
+        z, y, h, z.stride(0), y.stride(0), K=k, BLOCK=block, num_warps=4, **pdl.launch(x)
     )
     return y
 

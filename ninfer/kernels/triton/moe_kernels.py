@@ -15,6 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ninfer.kernels.triton.pdl import pdl_enter
+
 
 @triton.jit
 def _expert_of_row(idx_ptr, m, N, K: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr):
@@ -43,7 +45,9 @@ def gate_up_kernel(
     BN: tl.constexpr,  # intermediate columns per program (BN gate rows + BN up rows)
     BK: tl.constexpr,
     PREC: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.py)
 ):  # fmt: skip
+    pdl_enter(PDL)
     """Program (m, tile): the expert of (token, expert) row m, if m is that expert's first row.
 
     Every token routed to the expert is computed from the one read of its weights; later rows of
@@ -90,7 +94,9 @@ def down_kernel(
     BN: tl.constexpr,  # output rows per program
     BK: tl.constexpr,
     PREC: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.py)
 ):  # fmt: skip
+    pdl_enter(PDL)
     """Program (m, tile): the expert of (token, expert) row m, if m is that expert's first row.
 
     Every token routed to the expert is computed from the one read of its down rows; later rows
@@ -128,7 +134,9 @@ def expert_sum_kernel(
     H, s_z, s_y,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.py)
 ):  # fmt: skip
+    pdl_enter(PDL)
     """Program (token n, column block): y[n] = sum_j z[n*K + j] in fp32, in slot order j = 0..K-1."""
     n = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]

@@ -12,7 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.triton import pdl
 from ninfer.kernels.triton._checks import check_devices
+from ninfer.kernels.triton.pdl import pdl_enter
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
@@ -24,7 +26,9 @@ def _rms_kernel(
     sx0, sx1, sr0, sr1, sh0, sh1, sy0, sy1,
     BD: tl.constexpr,
     HAS_RES: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.py)
 ):  # fmt: skip
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     o, i = row // INNER, row % INNER
     offs = tl.arange(0, BD)
@@ -48,7 +52,9 @@ def _gated_kernel(
     sx0, sx1, sz0, sz1, sy0, sy1,
     BD: tl.constexpr,
     PROD: tl.constexpr,  # dtype of w * n (torch promotion of the weight and activation dtypes)
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.py)
 ):  # fmt: skip
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     o, i = row // INNER, row % INNER
     offs = tl.arange(0, BD)
@@ -70,7 +76,9 @@ def _norm_rope_kernel(
     sx0, sx1, sc0, sy0, sy1,
     BD: tl.constexpr,
     ROT: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.py)
 ):  # fmt: skip
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     o, i = row // INNER, row % INNER
     offs = tl.arange(0, BD)
@@ -125,6 +133,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
             xv, xv, xv, weight, yv, xv.shape[1], xv.shape[2], eps,
             xv.stride(0), xv.stride(1), 0, 0, 0, 0, yv.stride(0), yv.stride(1),
             BD=triton.next_power_of_2(xv.shape[2]), HAS_RES=False, num_warps=_warps(xv.shape[2]),
+            **pdl.launch(x),
         )  # fmt: skip
     return y
 
@@ -148,6 +157,7 @@ def add_rms_norm(
             xv.stride(0), xv.stride(1), rv.stride(0), rv.stride(1),
             hv.stride(0), hv.stride(1), yv.stride(0), yv.stride(1),
             BD=triton.next_power_of_2(xv.shape[2]), HAS_RES=True, num_warps=_warps(xv.shape[2]),
+            **pdl.launch(x),
         )  # fmt: skip
     return h, y
 
@@ -168,6 +178,7 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
             xv, zv, weight, yv, xv.shape[1], xv.shape[2], eps,
             xv.stride(0), xv.stride(1), zv.stride(0), zv.stride(1), yv.stride(0), yv.stride(1),
             BD=triton.next_power_of_2(xv.shape[2]), PROD=prod, num_warps=_warps(xv.shape[2]),
+            **pdl.launch(x),
         )  # fmt: skip
     return y
 
@@ -195,6 +206,7 @@ def norm_rope(
             xv, weight, cv, sv, yv, xv.shape[1], xv.shape[2], eps,
             xv.stride(0), xv.stride(1), cv.stride(0), yv.stride(0), yv.stride(1),
             BD=triton.next_power_of_2(xv.shape[2]), ROT=rot, num_warps=_warps(xv.shape[2]),
+            **pdl.launch(x),
         )  # fmt: skip
     return y
 

@@ -7,6 +7,7 @@ import functools
 import torch
 import triton
 
+from ninfer.kernels.triton import pdl
 from ninfer.kernels.triton._checks import check_devices, check_int_index, last_dim_contiguous
 from ninfer.kernels.triton.paged_attention_kernels import combine_splits_kernel, paged_attn_kernel
 
@@ -187,7 +188,7 @@ def _launch(
         out.stride(0), out.stride(1), out.stride(2),
         HD=hd, BD=triton.next_power_of_2(hd), PAGE=page, GROUP=group, BLOCK_M=bm, SPLITS=num_splits,
         LEN_OFFSET=len_offset, QUANT=quant, IEEE=q.dtype == torch.float32,
-        num_warps=num_warps,
+        num_warps=num_warps, **pdl.launch(q),
     )  # fmt: skip
     if num_splits > 1:
         rows = bsz * t * nh
@@ -195,5 +196,6 @@ def _launch(
             dst, ml, out, rows, t, nh,
             out.stride(0), out.stride(1), out.stride(2),
             HD=hd, BD=triton.next_power_of_2(hd), SPLITS=num_splits, SP=triton.next_power_of_2(num_splits),
+            **pdl.launch(q),
         )  # fmt: skip
     return out

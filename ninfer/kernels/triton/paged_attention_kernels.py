@@ -3,6 +3,8 @@
 import triton
 import triton.language as tl
 
+from ninfer.kernels.triton.pdl import pdl_enter
+
 
 @triton.jit
 def paged_attn_kernel(
@@ -34,7 +36,9 @@ def paged_attn_kernel(
     LEN_OFFSET: tl.constexpr,
     QUANT: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.py)
 ):  # fmt: skip
+    pdl_enter(PDL)
     b = tl.program_id(0).to(tl.int64)
     m_blocks = tl.cdiv(T * GROUP, BLOCK_M)
     kvh = (tl.program_id(1) // m_blocks).to(tl.int64)
@@ -126,7 +130,9 @@ def combine_splits_kernel(
     BD: tl.constexpr,
     SPLITS: tl.constexpr,
     SP: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (pdl.py)
 ):  # fmt: skip
+    pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     offs_s = tl.arange(0, SP)
     mask_s = offs_s < SPLITS
