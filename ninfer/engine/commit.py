@@ -43,12 +43,19 @@ class Committer:
             seq.t_first = now
             self.token(seq, result.tokens[0], now)
 
-    def decode(self, plan: DecodePlan, result: StepResult, now: float) -> None:
-        """Commit each row's token (or speculative run), then fix up speculative lane state."""
+    def decode(self, plan: DecodePlan, result: StepResult, now: float, ahead: bool = False) -> None:
+        """Commit each row's token (or speculative run), then fix up speculative lane state.
+
+        `ahead`: the next round, over these rows, is already launched; a request finishing here
+        has its last token fed by it, so its lane is retained with that token computed. Rows whose
+        request finished in the round before (a launched-ahead round) are skipped."""
         spec = result.spec
-        decoded, committed = 0, []
+        decoded, committed, rows = 0, [], 0
         for i, sid in enumerate(result.seq_ids):
-            seq = self.seqs[sid]
+            seq = self.seqs.get(sid)
+            if seq is None:  # finished while this round was in flight: its token is void
+                continue
+            rows += 1
             run = [result.tokens[i]] if spec is None else spec.runs[i]
             if spec is not None:
                 spec_counters.begin_row(seq.stats.speculative, spec.drafted[i])
@@ -58,7 +65,7 @@ class Committer:
                     spec_counters.commit_draft(seq.stats.speculative, n)
                 self.scheduler.decode_fed(seq)
                 n += 1
-                if self.token(seq, token, now):
+                if self.token(seq, token, now, ahead):
                     break
             decoded += n
             retained = seq.lane is not None and seq.lane.computed > 0
@@ -72,12 +79,12 @@ class Committer:
         self.counters.add(
             decode_tokens=decoded,
             decode_rounds=1,
-            decode_row_rounds=len(plan.rows),
+            decode_row_rounds=rows,
             decode_seconds=seconds,
         )
 
-    def token(self, seq: Seq, token: int, now: float) -> bool:
-        """Commit one token; True when it finished the request."""
+    def token(self, seq: Seq, token: int, now: float, ahead: bool = False) -> bool:
+        """Commit one token; True when it finished the request (`ahead`: see `decode`)."""
         self.scheduler.commit(seq, token)
         try:
             text, hit = seq.stops.push(token)
@@ -102,5 +109,7 @@ class Committer:
         if finish is None:
             self.outbox.put(self.handles[seq.id], out)
             return False
+        if ahead:  # the launched next round feeds this token: the retained state will include it
+            self.scheduler.decode_fed(seq)
         self.retirer.end(seq, out, keep=True)
         return True

@@ -35,6 +35,9 @@ class EngineConfig:
     # decode/verify graphs launched in this many layer groups (None: 8 for MoE models, whose steps
     # are launch-bound, else 1; see graphs.CaptureBackend and the README's measurements)
     graph_segments: int | None = None
+    # Plain decode launches round N+1 (fed its inputs on the device) before committing round N
+    # while no other work waits, so the host's commit and planning overlap the GPU (Engine).
+    launch_ahead: bool = True
     # Speculative decoding (frozen at startup; without a method no MTP weights or buffers exist).
     spec_method: str | None = None  # None | "mtp" | "dflash" (the artifact's dflash component)
     draft_tokens: int = 3  # k drafts per round: 1..5 for MTP, 1..15 for DFlash

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -301,16 +302,81 @@ class Engine:
                 self._cv.wait(min(timeout, 0.05))
 
     def _step(self, plan: PrefillPlan | DecodePlan) -> None:
+        if isinstance(plan, DecodePlan) and self.config.launch_ahead and self.runner.can_launch_ahead(plan):
+            self._decode_ahead(plan)
+            return
         ids = [plan.seq_id] if isinstance(plan, PrefillPlan) else [r.seq_id for r in plan.rows]
         try:
             result = self.runner.execute(plan, on_launch=self._outbox.flush)
         except Exception as exc:  # a failed step fails its requests, not the engine
-            for sid in ids:
-                out = StepOutput(token_ids=(), finish_reason="error", error=f"{type(exc).__name__}: {exc}")
-                self._retire.end(self._seqs[sid], out, keep=False)
+            self._fail_rows(ids, exc)
             return
         now = time.monotonic()
         if isinstance(plan, PrefillPlan):
             self._commit.prefill(plan, result, now)
         else:
             self._commit.decode(plan, result, now)
+
+    def _fail_rows(self, ids: list[int], exc: Exception) -> None:
+        """A failed step fails its live requests, not the engine."""
+        for sid in ids:
+            seq = self._seqs.get(sid)
+            if seq is not None:
+                out = StepOutput(token_ids=(), finish_reason="error", error=f"{type(exc).__name__}: {exc}")
+                self._retire.end(seq, out, keep=False)
+
+    def _decode_ahead(self, plan: DecodePlan) -> None:
+        """Plain decode rounds with round N+1 launched before round N is read back and committed.
+
+        While the same rows stay the only work (`_rounds_continue`), the next round goes to the
+        device fed by this round's sampled tokens on the device, so the GPU runs it while the host
+        commits, checks stops and delivers outputs. A request that finishes in round N has its
+        last token fed by round N+1: its lane is retained with that token computed (the state
+        and KV written by round N+1 are exactly that), and its row's output of round N+1 is
+        dropped. The rounds stop when anything else needs the engine (a submission, a cancel, a
+        waiting or prefilling request, a drain, a finished row); every launched round is
+        committed before returning."""
+        runner = self.runner
+        ids = [r.seq_id for r in plan.rows]
+        try:
+            cur = runner.launch_decode(plan)
+        except Exception as exc:
+            self._fail_rows(ids, exc)
+            return
+        self._outbox.flush()
+        while True:
+            nxt = None
+            try:
+                if self._rounds_continue(plan):
+                    nxt = runner.launch_decode(_next_round(plan), feed=cur)
+                    self._outbox.flush()
+                result = runner.resolve(cur)
+            except Exception as exc:
+                if nxt is not None:  # its rows fail with this round's; let it finish first
+                    try:
+                        runner.resolve(nxt)
+                    except Exception:  # the same failure, already reported
+                        pass
+                self._fail_rows(ids, exc)
+                return
+            self._commit.decode(plan, result, time.monotonic(), ahead=nxt is not None)
+            self._snapshot = self.scheduler.snapshot()
+            if nxt is None:
+                return
+            plan, cur = nxt.plan, nxt
+
+    def _rounds_continue(self, plan: DecodePlan) -> bool:
+        """Whether the next step would be `plan`'s rows again: every row's request is live and
+        decoding, nothing waits, prefills, is submitted or cancelled, and no drain is under way."""
+        sched = self.scheduler
+        if sched.waiting or self._drain_deadline is not None or len(sched.active) != len(plan.rows):
+            return False
+        if any(self._seqs.get(r.seq_id) is None for r in plan.rows):  # with the count: no prefill
+            return False
+        with self._cv:
+            return not self._inbox and not self._cancels
+
+
+def _next_round(plan: DecodePlan) -> DecodePlan:
+    """The round after `plan` over the same rows: one position on, inputs fed on the device."""
+    return DecodePlan(rows=[replace(r, token=-1, position=r.position + 1) for r in plan.rows])

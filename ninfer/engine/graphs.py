@@ -279,10 +279,14 @@ class DecodeGraphs:
         """Replay the (b, q) graph on the inputs it last received (timing; no host work)."""
         self._replay[(b, q)]()
 
-    def run(self, packed: torch.Tensor, b: int, q: int = 1) -> StepOut:
+    def run(self, packed: torch.Tensor, b: int, q: int = 1, feed: torch.Tensor | None = None) -> StepOut:
         """packed: host [packed_len(b, q, max_pages, q > 1)] -> views [:b] of the static outputs of
-        this q (valid until the next replay with the same q)."""
-        self.static[(b, q)].copy_(packed, non_blocking=True)
+        this q (valid until the next replay with the same q). `feed`: [b*q] int64 on the device,
+        the token ids to use instead of the packed ones."""
+        static = self.static[(b, q)]
+        static.copy_(packed, non_blocking=True)
+        if feed is not None:
+            static[: b * q].copy_(feed.reshape(-1))
         self.replay(b, q)
         out = self.outputs[q]
         return StepOut(out.hidden[:b], out.logits[:b], out.argmax[:b])  # type: ignore[index]

@@ -10,7 +10,9 @@ until its pages or lane are needed. A new prompt resumes from the longest valid 
 
 Recurrent state cannot be rewound, so matching KV tokens alone never authorize a partial hit:
 only the live frontier and the retained snapshots do. At least one prompt token is always
-recomputed (the last prompt token's logits are not stored).
+recomputed (the last prompt token's logits are not stored). A lane's computed frontier is its
+ledger minus the last sampled token, or the whole ledger when the engine had launched the round
+after its last one (launch-ahead decode feeds that token too).
 
 With a cold tier (`ninfer.engine.cold_tier`), a resident that loses its lane (an eviction, or an
 in-place full reset for another prompt) is parked there instead of dropped, and a parked image

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from ninfer.engine.graphs import CaptureBackend, CudaCapture, DecodeGraphs, GraphStats, InstallCut, StepFn
 from ninfer.engine.plan import DecodePlan, PrefillPlan, SlotOp, StepPlan, StepResult
-from ninfer.engine.sampler import sample_rows
+from ninfer.engine.sampler import check_drawn, sample_rows, sample_rows_device
 from ninfer.engine.step_io import StepOut, StepRows, host_buffer, pack, pack_rows, packed_len, unpack
 from ninfer.model.cache import ForwardBatch, KVPool, StatePool
 from ninfer.model.config import TextConfig
@@ -29,6 +30,18 @@ def default_graph_segments(config: TextConfig) -> int:
     (its ~770 small kernels launch for ~1.3 ms); the 27B dense step, whose launch hides behind its
     GPU time, was no faster in segments and the engine's step ~0.2 ms slower."""
     return MOE_GRAPH_SEGMENTS if config.is_moe else 1
+
+
+@dataclass
+class LaunchedDecode:
+    """A plain decode round queued on the device and not read back yet (`Runner.launch_decode`)."""
+
+    plan: DecodePlan
+    tokens: torch.Tensor  # [B] int64 on the device: the sampled tokens (what a next round feeds)
+    host: torch.Tensor  # [B] (or [2B]: tokens | bad flags) int64 on the host, filled by an async copy
+    checked: bool  # `host` carries the bad flags of stochastic rows after the tokens
+    ready: torch.cuda.Event | None  # recorded after the copy (None on the CPU: already done)
+    t0: float
 
 
 class Runner:
@@ -84,6 +97,7 @@ class Runner:
         self._on_launch: Callable[[], None] | None = None  # the running execute's (see execute)
         self._prepared = False
         self._steps = 0
+        self._resolved_at = 0.0  # perf_counter of the last `resolve`
 
     def prepare(self) -> GraphStats | None:
         """Capture the decode graphs; must run before the first step (warm-up writes scratch
@@ -132,6 +146,59 @@ class Runner:
             model.layer_hook = None if cut is None else hook
 
         return install
+
+    def can_launch_ahead(self, plan: DecodePlan) -> bool:
+        """Whether `launch_decode` can feed this plan's rows their next inputs on the device: plain
+        decode (no speculative decoder) and no row whose logits depend on its tokens on the host
+        (penalties)."""
+        return self.spec is None and not any(r.sampler.penalized for r in plan.rows)
+
+    def launch_decode(self, plan: DecodePlan, feed: LaunchedDecode | None = None) -> LaunchedDecode:
+        """Queue one plain decode round and the copy of its sampled tokens to the host; no wait.
+
+        `feed`: the round before, still in flight, over the same rows in the same order; its
+        sampled tokens become this round's inputs on the device (the rows' `token` fields are not
+        read). That is how the engine launches round N+1 before it commits round N. `resolve`
+        reads a launched round back."""
+        if self.spec is not None:
+            raise RuntimeError("launch_decode runs plain decode rounds; speculative rounds use execute")
+        if feed is not None and [r.seq_id for r in feed.plan.rows] != [r.seq_id for r in plan.rows]:
+            raise ValueError("a fed round must have the rows of the round that feeds it, in order")
+        if not self._prepared:
+            self.prepare()
+        self._steps += 1
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            return self._launch_decode(plan, None if feed is None else feed.tokens, t0)
+
+    def _launch_decode(self, plan: DecodePlan, feed: torch.Tensor | None, t0: float) -> LaunchedDecode:
+        rows = plan.rows
+        step = self.forward(StepRows.for_decode(rows, [[r.token] for r in rows]), feed)
+        # the in-graph argmax is a view of a static buffer: the copies below and a next round's
+        # feed are queued before the next replay overwrites it
+        tokens, bad = sample_rows_device(step.logits[:, -1], [r.sampler for r in rows], step.last_argmax())
+        flat = tokens if bad is None else torch.cat([tokens, bad])  # [B] or [2B]
+        on_gpu = self.device.type == "cuda"
+        host = torch.empty(flat.shape, dtype=torch.int64, pin_memory=on_gpu)
+        host.copy_(flat, non_blocking=on_gpu)
+        ready = None
+        if on_gpu:
+            ready = torch.cuda.Event()
+            ready.record()
+        return LaunchedDecode(plan, tokens, host, bad is not None, ready, t0)
+
+    def resolve(self, launched: LaunchedDecode) -> StepResult:
+        """Wait for a launched round's tokens (not for rounds queued after it) and return them."""
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        values = launched.host.tolist()
+        tokens = check_drawn(values) if launched.checked else values
+        seq_ids = [r.seq_id for r in launched.plan.rows]
+        now = time.perf_counter()
+        # a round launched ahead runs from the end of the one before it: decode seconds add up to wall time
+        seconds = now - max(launched.t0, self._resolved_at)
+        self._resolved_at = now
+        return StepResult(seq_ids=seq_ids, tokens=tokens, seconds=seconds)
 
     def execute(self, plan: StepPlan, on_launch: Callable[[], None] | None = None) -> StepResult:
         """Run one plan. `on_launch` is called once, as soon as the step's GPU work is queued (after
@@ -182,20 +249,23 @@ class Runner:
         words = packed_len(len(tokens), len(tokens[0]), self.max_pages)
         return pack(host_buffer(words, self.device), tokens, starts, slots, pages, self.max_pages, offsets)
 
-    def forward(self, rows: StepRows) -> StepOut:
+    def forward(self, rows: StepRows, feed: torch.Tensor | None = None) -> StepOut:
         """One target forward of B rows of q tokens: a graph replay when one was captured for
-        (B, q) (q > 1 graphs carry per-token state writes), else eager."""
+        (B, q) (q > 1 graphs carry per-token state writes), else eager. `feed` [B*q] int64 on the
+        device replaces the rows' token ids (a decode round fed by the one before it)."""
         b, q = rows.shape
         writes = rows.writes is not None
         host = pack_rows(
             host_buffer(packed_len(b, q, self.max_pages, writes), self.device), rows, self.max_pages
         )
         if self.graphs is not None and self.graphs.has(b, q) and writes == (q > 1):
-            out = self.graphs.run(host, b, q)
+            out = self.graphs.run(host, b, q, feed)
             self._launched()  # the GPU runs the graph while the caller's host work goes on
             return out
         self._launched()
         flat = host.to(self.device, non_blocking=True)
+        if feed is not None:
+            flat[: b * q].copy_(feed.reshape(-1))
         batch = unpack(flat, b, q, self.max_pages, max_kv_len=max(rows.starts) + q, writes=writes)
         hidden, logits = self._step(batch)
         return StepOut(hidden, logits)
@@ -255,10 +325,7 @@ class Runner:
     def _decode(self, plan: DecodePlan) -> StepResult:
         if self.spec is not None:
             return self.spec.decode(plan)
-        rows = plan.rows
-        step = self.forward(StepRows.for_decode(rows, [[r.token] for r in rows]))
-        out = sample_rows(step.logits[:, -1], [r.sampler for r in rows], step.last_argmax())  # [B, V] float32
-        return StepResult(seq_ids=[r.seq_id for r in rows], tokens=out)
+        return self.resolve(self._launch_decode(plan, None, time.perf_counter()))
 
 
 def _compiled(fn: StepFn, max_batch: int) -> StepFn:

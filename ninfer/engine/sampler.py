@@ -108,6 +108,11 @@ class RowSampler:
         self.generator.manual_seed(params.seed)
         self.counts: dict[int, int] = {}  # generated token id -> occurrences (for penalties)
 
+    @property
+    def penalized(self) -> bool:
+        """Whether the logits depend on the tokens generated so far (presence / frequency penalty)."""
+        return bool(self.params.presence_penalty or self.params.frequency_penalty)
+
     def observe(self, token: int) -> None:
         self.counts[token] = self.counts.get(token, 0) + 1
 
@@ -223,16 +228,28 @@ def sample_rows(
     `torch.multinomial(probs, 1)` computes, without its per-row host check. The only host sync
     is the final transfer of the tokens (and the validity flags multinomial would raise on).
     """
-    b = logits.shape[0]
-    if b == 0:
+    if logits.shape[0] == 0:
         return []
+    tokens, bad = sample_rows_device(logits, samplers, argmax)
+    if bad is None:
+        return tokens.tolist()
+    return check_drawn(torch.cat([tokens, bad]).tolist())
+
+
+def sample_rows_device(
+    logits: torch.Tensor, samplers: list[RowSampler], argmax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sample_rows` without the transfer: -> (tokens [B] int64, bad [B] int64 or None) on the
+    logits' device, `bad` set where a stochastic row's distribution was not valid (None when no
+    row is stochastic). With no penalty and no stochastic row, tokens is `argmax` itself."""
+    b = logits.shape[0]
     adjusted = _penalized(logits, samplers)
     if argmax is None or adjusted is not logits:
         argmax = torch.argmax(adjusted, dim=-1)
     logits, greedy_tok = adjusted, argmax  # [B, V], [B]
     stochastic = [i for i, s in enumerate(samplers) if s.params.temperature != 0.0]
     if not stochastic:
-        return greedy_tok.tolist()
+        return greedy_tok, None
     probs = batch_probs(logits, samplers)  # [B, V]
     q = torch.ones_like(probs)
     for i in stochastic:  # per-request generator: one launch per row, no sync
@@ -242,7 +259,13 @@ def sample_rows(
     is_stoch[stochastic] = True
     is_stoch = _to(is_stoch, logits.device)
     bad = is_stoch & ~((probs.amax(dim=-1) < float("inf")) & (probs.amin(dim=-1) >= 0))  # [B]
-    out = torch.cat([torch.where(is_stoch, drawn, greedy_tok), bad.long()]).tolist()
-    if any(out[b:]):
+    return torch.where(is_stoch, drawn, greedy_tok), bad.long()
+
+
+def check_drawn(values: list[int]) -> list[int]:
+    """[tokens..., bad flags...] (2B values, as transferred) -> the B tokens; raises as
+    `torch.multinomial` would when a flag is set."""
+    b = len(values) // 2
+    if any(values[b:]):
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-    return out[:b]
+    return values[:b]

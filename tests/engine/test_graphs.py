@@ -201,7 +201,7 @@ def test_on_launch_runs_once_after_a_graph_launch_and_before_eager_work(small_mo
     graphed.prepare()
     assert graphed.graphs is not None
     inner = graphed.graphs.run
-    graphed.graphs.run = lambda host, b, q=1: (events.append("replay"), inner(host, b, q))[1]  # type: ignore[method-assign]
+    graphed.graphs.run = lambda host, b, q=1, feed=None: (events.append("replay"), inner(host, b, q, feed))[1]  # type: ignore[method-assign]
     prefill = PrefillPlan(seq_id=1, tokens=[3, 4, 5], start=0, slot=0, pages=[1], sampler=_greedy())
     graphed.execute(prefill, on_launch=lambda: events.append("launch"))
     assert events == ["launch"]

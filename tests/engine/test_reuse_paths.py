@@ -49,15 +49,30 @@ def pair(small_model):
     p.close()
 
 
-def test_append_frontier(pair) -> None:
+@pytest.mark.parametrize("ahead", [True, False], ids=["launch-ahead", "in-step"])
+def test_append_frontier(small_model, ahead: bool) -> None:
+    pair = Pair(
+        small_model,
+        max_concurrency=2,
+        max_context=512,
+        kv_capacity=1024,
+        prefill_chunk=64,
+        launch_ahead=ahead,
+    )
     p1 = _prompt(100, 1)
     g1, st = pair.run(p1)
     assert st.reuse_path == "none"
     g2, st = pair.run(p1 + g1 + _prompt(20, 2))
-    assert (st.reuse_path, st.cached_tokens) == ("append_frontier", 104)  # the last token is re-fed
-    # a prompt equal to the full ledger still needs one computed token for its logits
-    _, st = pair.run(p1 + g1 + _prompt(20, 2) + g2)
-    assert (st.reuse_path, st.cached_tokens) == ("append_frontier", 129)
+    # the last sampled token went through the model only when a round was launched after it
+    assert (st.reuse_path, st.cached_tokens) == ("append_frontier", 105 if ahead else 104)
+    full = p1 + g1 + _prompt(20, 2) + g2
+    if ahead:  # the ledger is all computed: a longer prompt resumes at its end
+        _, st = pair.run([*full, 7])
+        assert (st.reuse_path, st.cached_tokens) == ("append_frontier", 130)
+    else:  # a prompt equal to the full ledger still needs one computed token for its logits
+        _, st = pair.run(full)
+        assert (st.reuse_path, st.cached_tokens) == ("append_frontier", 129)
+    pair.close()
 
 
 def test_restore_response_checkpoint(pair) -> None:
@@ -117,7 +132,7 @@ def test_lru_eviction_of_residents_under_page_pressure(small_model) -> None:
     _, st = pair.run(_prompt(200, 19), max_tokens=56)
     assert st.reuse_path == "full_reset"
     _, st = pair.run(c + gc + [1, 2, 3], max_tokens=2)
-    assert (st.reuse_path, st.cached_tokens) == ("append_frontier", 249)
+    assert (st.reuse_path, st.cached_tokens) == ("append_frontier", 250)  # the last reply token fed ahead
     _, st = pair.run(b + gb + [1, 2, 3], max_tokens=2)
     assert st.cached_tokens == 0
     _, st = pair.run(a + ga + [1, 2, 3], max_tokens=2)

@@ -117,9 +117,9 @@ def _graphed(model: Any, config: EngineConfig) -> tuple[Engine, EagerCapture, li
     replays: list[tuple[int, int]] = []
     inner_run = DecodeGraphs.run
 
-    def run(self, packed, b, q=1):
+    def run(self, packed, b, q=1, feed=None):
         replays.append((b, q))
-        return inner_run(self, packed, b, q)
+        return inner_run(self, packed, b, q, feed)
 
     eng.runner.prepare()
     graphs = eng.runner.graphs
