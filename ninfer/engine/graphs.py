@@ -12,6 +12,7 @@ from typing import Protocol
 import torch
 
 from ninfer.engine.step_io import StepOut, host_buffer, pack, packed_len, unpack
+from ninfer.kernels.launch_scope import for_step, pdl_allowed
 from ninfer.model.cache import ForwardBatch
 
 log = logging.getLogger("ninfer.engine.graphs")
@@ -270,7 +271,8 @@ class DecodeGraphs:
             logits.copy_(lg)
             argmax.copy_(lg.argmax(-1))
 
-        self._replay[(b, q)] = self.backend.capture(fn, pool, self.install_cut)
+        with pdl_allowed(for_step(b, q)):
+            self._replay[(b, q)] = self.backend.capture(fn, pool, self.install_cut)
         self.static[(b, q)] = flat
         if isinstance(self.backend, EagerCapture):
             self.backend.captured.append((b, q))

@@ -29,6 +29,7 @@ import torch
 
 from ninfer.engine.graphs import CaptureBackend, EagerCapture, GraphStats
 from ninfer.engine.step_io import host_buffer
+from ninfer.kernels.launch_scope import for_step, pdl_allowed
 from ninfer.model.cache import PAGE_SIZE, ForwardBatch, KVPool
 
 log = logging.getLogger("ninfer.engine.spec.draft_graphs")
@@ -155,7 +156,8 @@ class DraftGraphs:
                 step = ForwardBatch(tok[:, None], pos, slots, table, positions + j)
                 x = self.mtp(step, x[:, None], self.kv)[:, 0]  # [B, H]
 
-        self._replay[b] = self.backend.capture(fn, pool, self._install_cut)
+        with pdl_allowed(for_step(b, 1)):
+            self._replay[b] = self.backend.capture(fn, pool, self._install_cut)
         self.static[b] = flat
         self.rope[b] = rope
         if isinstance(self.backend, EagerCapture):

@@ -12,7 +12,9 @@ previous kernel, and the wait is a no-op when the launch was not programmatic, s
 CUDA graphs capture PDL launches as programmatic edges.
 
 `launch(t)` gives a launch site's keyword arguments: on for CUDA tensors on sm_90+ unless
-`NINFER_PDL=0` (an escape hatch, and the benchmark's A/B switch); off on the CPU interpreter.
+`NINFER_PDL=0` (an escape hatch, and the benchmark's A/B switch) or inside `pdl_allowed(False)`;
+off on the CPU interpreter; the engine's single-token steps launch without it
+(`ninfer.kernels.launch_scope`, with the measurements).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from ninfer.kernels.launch_scope import pdl_permitted
 
 ENV = "NINFER_PDL"
 
@@ -56,7 +60,7 @@ def _capable(index: int) -> bool:
 
 def enabled(t: torch.Tensor) -> bool:
     """Whether kernels on t's device launch with PDL (read per call: tests and benches flip ENV)."""
-    if t.device.type != "cuda" or os.environ.get(ENV, "1") == "0":
+    if t.device.type != "cuda" or os.environ.get(ENV, "1") == "0" or not pdl_permitted():
         return False
     return _capable(t.device.index if t.device.index is not None else torch.cuda.current_device())
 
