@@ -72,8 +72,10 @@ def test_model_with_triton_ops_matches_reference(kind: str, kv_dtype: str | None
         logits[name] = (torch.cat(rows), [s.clone() for s in states.ssm], [c.clone() for c in states.conv])
     ref, out = logits["reference"], logits["triton"]
     # fla's chunked prefill (GPU only) multiplies fp32 inputs with TF32 tensor-core dots (10-bit
-    # mantissa, not configurable from outside): its error is ~1e-3, the ieee kernels' ~1e-6
-    tol = 5e-3 if fla_prefill() else 1e-4
+    # mantissa, not configurable from outside): its error is ~1e-3, the ieee kernels' ~1e-6. With
+    # int8 KV that noise can move a key or value across a rounding boundary of its quantization:
+    # one step is 1/127 of the row's largest magnitude (measured on the H200: 9.4e-3)
+    tol = (2 / 127 if kv_dtype == "int8" else 5e-3) if fla_prefill() else 1e-4
     err = ((out[0] - ref[0]).abs().max() / ref[0].abs().max()).item()
     assert err <= tol, err
     for a, b in zip(out[1] + out[2], ref[1] + ref[2], strict=True):
