@@ -13,7 +13,9 @@
 # (moe_micro.py --sweep at SWEEP_TOKENS). At most
 # eight files land in OUT_DIR (logs, result JSON; the 35B-A3B result under OUT_DIR/m35).
 # BENCH27_ARGS / BENCH35_ARGS replace the benches' section flags (defaults: "--skip hf" and
-# "--skip hf,spec --startup qwen3.6-35b-a3b"); BENCH27_S / BENCH35_S their seconds (300 / 220).
+# "--skip hf,spec --startup qwen3.6-35b-a3b"); BENCH27_S / BENCH35_S their seconds (300 / 220);
+# KERNEL_TESTS_S the compiled kernel tests' (300: on a fresh machine, with no Triton cache from a
+# bench before them, 200 s did not finish them).
 set -u
 out=${1:?usage: gpu_call.sh OUT_DIR [BUDGET_S]}
 budget=${2:-540}
@@ -61,7 +63,7 @@ for step in $steps; do
     spec_identity) run spec_identity 200 python3 ops/bench/spec_identity.py --out "$out/identity" ;;
     moe_sweep) run moe_sweep 300 python3 ops/bench/moe_micro.py --sweep --tokens "${SWEEP_TOKENS:-8}" --replays 10 \
         --out "$out/sweep" ;;
-    kernel_tests) run kernel_tests 180 env TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider tests/kernels ;;
+    kernel_tests) run kernel_tests "${KERNEL_TESTS_S:-300}" env TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider tests/kernels ;;
     micro)
         run micro 90 python3 ops/bench/moe_micro.py --out "$out"
         run micro 60 python3 ops/bench/gemv_micro.py --out "$out"
