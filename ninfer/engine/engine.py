@@ -3,8 +3,9 @@
 Other threads only `reserve()`, `submit()` and read/cancel their `RequestHandle`. The engine
 thread loops: take new submissions and cancellations, expire late waiters, admit in FIFO order,
 run one step (a prefill chunk of one request or one decode round of all decode-ready ones),
-commit tokens and check stops. Submission checks live in `intake`, token commits in `commit`,
-and how requests leave (finish, fail, engine death) in `retire`.
+commit tokens and check stops. While the decode rows are its only work, each round is launched
+before the previous one is committed (`_decode_ahead`). Submission checks live in `intake`,
+token commits in `commit`, and how requests leave (finish, fail, engine death) in `retire`.
 """
 
 from __future__ import annotations
