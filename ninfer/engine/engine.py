@@ -320,11 +320,7 @@ class Engine:
 
     def _fail_rows(self, ids: list[int], exc: Exception) -> None:
         """A failed step fails its live requests, not the engine."""
-        for sid in ids:
-            seq = self._seqs.get(sid)
-            if seq is not None:
-                out = StepOutput(token_ids=(), finish_reason="error", error=f"{type(exc).__name__}: {exc}")
-                self._retire.end(seq, out, keep=False)
+        self._retire.error_rows(ids, f"{type(exc).__name__}: {exc}")
 
     def _decode_ahead(self, plan: DecodePlan) -> None:
         """Plain decode rounds with round N+1 launched before round N is read back and committed.

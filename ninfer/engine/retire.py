@@ -84,13 +84,17 @@ class Retirer:
         close_stats(seq, self.cold_tier)
         del self.seqs[seq.id]
 
+    def error_rows(self, seq_ids: Iterable[int], error: str) -> None:
+        """A step failed: end its still-live requests with `error` (the engine goes on)."""
+        for sid in seq_ids:
+            seq = self.seqs.get(sid)
+            if seq is not None:
+                self.end(seq, StepOutput(token_ids=(), finish_reason="error", error=error), keep=False)
+
     def drop_rows(self, plan: DecodePlan, error: str) -> None:
         """A state fix-up failed: fail the rows' live requests and forget their retained lanes."""
         slots = {r.slot for r in plan.rows}
-        for r in plan.rows:
-            seq = self.seqs.get(r.seq_id)
-            if seq is not None:
-                self.end(seq, StepOutput(token_ids=(), finish_reason="error", error=error), keep=False)
+        self.error_rows([r.seq_id for r in plan.rows], error)
         for lane in self.cache.lanes:
             if lane.live_slot in slots and lane.resident:
                 self.allocator.free(lane.clear())
