@@ -24,5 +24,5 @@ def test_only_steps_of_two_tokens_or_more() -> None:
 
 
 def test_cpu_tensors_never_launch_programmatically(monkeypatch) -> None:
-    monkeypatch.setenv(pdl.ENV, "1")
+    monkeypatch.setattr(pdl, "_FROM_ENV", True)  # NINFER_PDL allows it
     assert pdl.launch(torch.zeros(1)) == {"PDL": False, "launch_pdl": False}

@@ -30,6 +30,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from ninfer.kernels.launch_scope import pdl_permitted
 
 ENV = "NINFER_PDL"
+_FROM_ENV = os.environ.get(ENV, "1") != "0"  # read once: every decode kernel launch asks
+_ON = {"PDL": True, "launch_pdl": True}
+_OFF = {"PDL": False, "launch_pdl": False}
 
 
 @triton.jit
@@ -59,13 +62,12 @@ def _capable(index: int) -> bool:
 
 
 def enabled(t: torch.Tensor) -> bool:
-    """Whether kernels on t's device launch with PDL (read per call: tests and benches flip ENV)."""
-    if t.device.type != "cuda" or os.environ.get(ENV, "1") == "0" or not pdl_permitted():
+    """Whether kernels on t's device launch with PDL (`NINFER_PDL` as the process started)."""
+    if t.device.type != "cuda" or not _FROM_ENV or not pdl_permitted():
         return False
     return _capable(t.device.index if t.device.index is not None else torch.cuda.current_device())
 
 
 def launch(t: torch.Tensor) -> dict[str, bool]:
     """Keyword arguments of a launch whose kernel takes a `PDL` constexpr (see module doc)."""
-    on = enabled(t)
-    return {"PDL": on, "launch_pdl": on}
+    return _ON if enabled(t) else _OFF
