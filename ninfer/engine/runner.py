@@ -164,10 +164,7 @@ class Runner:
             raise RuntimeError("launch_decode runs plain decode rounds; speculative rounds use execute")
         if feed is not None and [r.seq_id for r in feed.plan.rows] != [r.seq_id for r in plan.rows]:
             raise ValueError("a fed round must have the rows of the round that feeds it, in order")
-        if not self._prepared:
-            self.prepare()
-        self._steps += 1
-        t0 = time.perf_counter()
+        t0 = self._begin()
         with torch.inference_mode():
             return self._launch_decode(plan, None if feed is None else feed.tokens, t0)
 
@@ -204,11 +201,8 @@ class Runner:
         """Run one plan. `on_launch` is called once, as soon as the step's GPU work is queued (after
         a graph replay's launch; before an eager forward, whose launches are the host's work), so
         host work on the caller's side overlaps the GPU; at the latest before returning."""
-        if not self._prepared:
-            self.prepare()
-        self._steps += 1
+        t0 = self._begin()
         self._on_launch = on_launch
-        t0 = time.perf_counter()
         try:
             with torch.inference_mode():
                 if isinstance(plan, PrefillPlan):
@@ -221,6 +215,13 @@ class Runner:
             torch.cuda.synchronize(self.device)
         result.seconds = time.perf_counter() - t0
         return result
+
+    def _begin(self) -> float:
+        """A step starts: capture first if not done yet; -> its start time."""
+        if not self._prepared:
+            self.prepare()
+        self._steps += 1
+        return time.perf_counter()
 
     def _launched(self) -> None:
         """Call the current execute's `on_launch`, once."""
