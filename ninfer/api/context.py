@@ -19,6 +19,7 @@ class ApiContext:
     pipeline: Pipeline | None = None
     response_store: ResponseStore | None = None  # sized from server.response_store_max_*
     draining: bool = False
+    synthetic_weights: bool = False  # the artifact's weights are drawn at load (artifact synth)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def require_pipeline(self) -> Pipeline:

@@ -9,7 +9,15 @@ from ninfer.api.errors import ApiError
 
 
 def model_card(ctx: ApiContext, model_id: str) -> dict[str, object]:
-    return {"id": model_id, "object": "model", "created": ctx.created, "owned_by": "ninfer"}
+    card: dict[str, object] = {
+        "id": model_id,
+        "object": "model",
+        "created": ctx.created,
+        "owned_by": "ninfer",
+    }
+    if ctx.synthetic_weights:  # a benchmark artifact: say so wherever the model is listed
+        card["synthetic_weights"] = True
+    return card
 
 
 class ModelsResource:

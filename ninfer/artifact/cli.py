@@ -1,4 +1,4 @@
-"""`python -m ninfer.artifact {convert,inspect,verify,demo,lm-head-draft,add-dflash}`: every failure is one line on stderr."""
+"""`python -m ninfer.artifact {convert,inspect,verify,synth,demo,lm-head-draft,add-dflash}`: every failure is one line on stderr."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from ninfer.artifact.errors import ArtifactError
+from ninfer.artifact.released import RELEASED_SHAPES
 
 
 def _size(n: int) -> str:
@@ -29,6 +30,11 @@ def _inspect(path: Path) -> int:
     print(f"family        {a.family}")
     print(f"source        {m.identity.source}")
     print(f"format        v{m.format_version}, created by {m.created_by}")
+    if a.synthetic is not None:
+        print(
+            f"weights       SYNTHETIC: drawn at load time from seed {a.synthetic['seed']} "
+            "(no weight files; generated text is not meaningful)"
+        )
     for name, comp in m.components.items():
         print(
             f"component     {name:<14} {comp.tensor_count:>6} tensors  {_size(comp.bytes):>11}  {len(comp.files)} file(s)"
@@ -94,6 +100,15 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("path", type=Path)
     v = sub.add_parser("verify", help="recompute digests and check shapes")
     v.add_argument("path", type=Path)
+    y = sub.add_parser(
+        "synth", help="an artifact of a released shape whose weights are drawn at load time (no weight files)"
+    )
+    y.add_argument("out", type=Path)
+    y.add_argument("--shape", required=True, choices=tuple(RELEASED_SHAPES), help="released model shape")
+    y.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
+    y.add_argument("--no-mtp", action="store_true", help="leave out the MTP layer")
+    y.add_argument("--seed", type=int, default=0)
+    y.add_argument("--force", action="store_true", help="replace OUT if it exists")
     d = sub.add_parser("demo", help="build the small random-weight demo artifact")
     d.add_argument("out", type=Path)
     d.add_argument("--seed", type=int, default=0)
@@ -132,6 +147,17 @@ def main(argv: list[str] | None = None) -> int:
                 from ninfer.artifact.lm_head_draft import add_lm_head_draft
 
                 add_lm_head_draft(out, args.lm_head_draft_size, corpus=args.lm_head_draft_corpus)
+        elif args.cmd == "synth":
+            from ninfer.artifact.synth import synth
+
+            out = synth(
+                args.out,
+                args.shape,
+                layers=args.layers,
+                mtp=not args.no_mtp,
+                seed=args.seed,
+                force=args.force,
+            )
         else:
             from ninfer.artifact.demo import build_demo
 

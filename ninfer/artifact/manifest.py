@@ -97,13 +97,14 @@ def parse_manifest(d: Any) -> Manifest:
     if not identity.model_id:
         raise ArtifactError("manifest.json: identity.model_id is empty")
     components: dict[str, Component] = {}
+    synthetic = d.get("synthetic_weights") is not None  # weights drawn at load time: no files (synth.py)
     for name, c in _need(d, "components", dict, "").items():
         if name not in COMPONENTS:
             raise ArtifactError(f"manifest.json: unknown component {name!r}; known: {list(COMPONENTS)}")
         if not isinstance(c, dict):
             raise ArtifactError(f"manifest.json: component {name!r} is not an object")
         files = _need(c, "files", list, f"components.{name}.")
-        if not files or not all(isinstance(f, str) for f in files):
+        if (not files and not synthetic) or not all(isinstance(f, str) for f in files):
             raise ArtifactError(f"manifest.json: components.{name}.files must be a non-empty list of paths")
         components[name] = Component(
             files=tuple(files),

@@ -11,6 +11,7 @@ from ninfer.artifact.errors import ArtifactError
 from ninfer.artifact.files import TensorInfo, read_header, sha256_file
 from ninfer.artifact.manifest import MANIFEST, Manifest, read_manifest
 from ninfer.artifact.shapes import expected_shapes
+from ninfer.artifact.synth import draw_tensor, synthetic_headers, synthetic_spec
 from ninfer.model.config import TextConfig, UnknownArchitectureError
 
 if TYPE_CHECKING:  # torch is imported only when weights are loaded (inspect/verify stay light)
@@ -23,6 +24,7 @@ GENERATION = "generation.json"
 REQUIRED = (CONFIG, TOKENIZER, TEMPLATE, GENERATION)
 MEDIA_DIR = "media"  # optional: the checkpoint's image / video processor configs
 MEDIA_CONFIGS = ("preprocessor_config.json", "video_preprocessor_config.json")
+SYNTHETIC_FILE = "<synthetic>"  # the one pseudo-file of a synthetic component's headers
 
 
 def _load_json(path: Path) -> Any:
@@ -63,6 +65,11 @@ class Artifact:
     generation: dict[str, Any]
     chat_template: str
     _headers: dict[str, dict[str, dict[str, TensorInfo]]] = field(default_factory=dict, repr=False)
+
+    @property
+    def synthetic(self) -> dict[str, Any] | None:
+        """`{"seed": ..., "dtype": ...}` when the weights are drawn at load time (`synth`), else None."""
+        return synthetic_spec(self.manifest.extra)
 
     @property
     def model_id(self) -> str:
@@ -110,6 +117,11 @@ class Artifact:
         from safetensors import safe_open
 
         out: dict[str, torch.Tensor] = {}
+        spec = self.synthetic
+        if spec is not None:  # drawn on the device, one tensor at a time (no host copy)
+            for name, info in self._component(component)[SYNTHETIC_FILE].items():
+                out[name] = draw_tensor(name, info.shape, info.dtype, spec["seed"], device)
+            return out
         for rel in self._component(component):
             with safe_open(str(self.path / rel), framework="pt", device="cpu") as f:
                 for name in f.keys():
@@ -152,8 +164,12 @@ def open_artifact(path: str | Path, verify: bool = False) -> Artifact:
             f"manifest family {manifest.identity.family!r} differs from config family {config.family!r}"
         )
     headers: dict[str, dict[str, dict[str, TensorInfo]]] = {}
+    synthetic = synthetic_spec(manifest.extra) is not None
     for name, comp in manifest.components.items():
-        per_file = {rel: read_header(root / rel) for rel in comp.files}
+        if synthetic:  # no files: the headers the config implies (checked against the manifest's counts)
+            per_file = {SYNTHETIC_FILE: synthetic_headers(config, name)}
+        else:
+            per_file = {rel: read_header(root / rel) for rel in comp.files}
         merged: dict[str, TensorInfo] = {}
         for rel, h in per_file.items():
             for t in h:

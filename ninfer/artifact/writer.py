@@ -113,9 +113,18 @@ class ArtifactWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, path)
 
-    def finish(self, identity: ArtifactIdentity) -> Path:
-        """Close every component, digest all files, write the manifest and move into place."""
+    def finish(
+        self,
+        identity: ArtifactIdentity,
+        *,
+        synthetic: dict[str, Component] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Path:
+        """Close every component, digest all files, write the manifest and move into place.
+        `synthetic`: components without files (weights drawn at load time, see `synth`);
+        `extra`: additional top-level manifest keys."""
         components = {name: w.finish() for name, w in self.components.items()}
+        components.update(synthetic or {})
         if "text" not in components:
             raise ArtifactError("an artifact needs a 'text' component")
         manifest = Manifest(
@@ -124,6 +133,7 @@ class ArtifactWriter:
             components=components,
             digests=digest_tree(self.tmp),
             created_by=created_by(),
+            extra=dict(extra or {}),
         )
         manifest.write(self.tmp)
         os.chmod(self.tmp, 0o755)

@@ -83,6 +83,9 @@ class RequestStats:
     # cold tier (empty when inactive): "restored" (this request resumed from a restored image) and
     # the tier's cumulative counters and occupancy (`ninfer.engine.cold_tier.ColdTier.stats`)
     cold_tier: dict[str, object] = field(default_factory=dict)
+    # kernels and graphs compiled in the process while this request was live (0 on a warmed
+    # server: everything a request can reach compiles before ready; see engine.warmup)
+    compilations: int = 0
 
 
 @dataclass(frozen=True)

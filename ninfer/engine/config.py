@@ -38,6 +38,9 @@ class EngineConfig:
     # Plain decode launches round N+1 (fed its inputs on the device) before committing round N
     # while no other work waits, so the host's commit and planning overlap the GPU (Engine).
     launch_ahead: bool = True
+    # Before ready, run a prefill of every length class a request can produce, so nothing
+    # compiles after ready (engine.warmup). None: on a GPU (on the CPU nothing compiles).
+    prefill_warmup: bool | None = None
     # Speculative decoding (frozen at startup; without a method no MTP weights or buffers exist).
     spec_method: str | None = None  # None | "mtp" | "dflash" (the artifact's dflash component)
     draft_tokens: int = 3  # k drafts per round: 1..5 for MTP, 1..15 for DFlash

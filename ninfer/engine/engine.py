@@ -39,6 +39,8 @@ from ninfer.engine.slots import SlotLayout, make_lanes
 from ninfer.engine.spec.build import build_spec, check_spec, draft_slots
 from ninfer.engine.stops import Detokenizer, StopChecker
 from ninfer.engine.tickets import Ticket, TicketBook
+from ninfer.engine.warmup import WarmupReport, warm_prefill, warmup_chunks
+from ninfer.kernels import jit_watch
 from ninfer.model.cache import KVPool, StatePool, kv_storage_dtype
 
 if TYPE_CHECKING:
@@ -136,6 +138,9 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.error: str | None = None  # set when the engine thread died; every request then fails
         self.prepared = threading.Event()  # set once the engine thread finished warm-up / graph capture
+        self.warmup: WarmupReport | None = None  # the prefill warm-up before ready (None: not run)
+        self.compiles_at_ready = 0  # jit_watch.count() when prepared (late_compiles counts from it)
+        jit_watch.install()
 
     @classmethod
     def from_settings(cls, settings: Any, artifact: Any) -> Engine:
@@ -199,6 +204,7 @@ class Engine:
                 stops=StopChecker(intake.stop_ids, request.params.stop, intake.detok),
                 stats=intake.stats,
                 t_submit=now,
+                compiles_at_submit=jit_watch.count(),
             )
             handle = RequestHandle(request.request_id, ticket, intake.stats, lambda: self._cancel(sid))
             self._handles[sid] = handle
@@ -216,6 +222,10 @@ class Engine:
         with self._cv:
             self._cancels.add(sid)
             self._cv.notify()
+
+    def late_compiles(self) -> int:
+        """Kernels and graphs compiled since the engine reported prepared (0 on a warmed server)."""
+        return jit_watch.count() - self.compiles_at_ready if self.prepared.is_set() else 0
 
     def snapshot(self) -> Snapshot:
         """Scheduler occupancy as of the last step boundary."""
@@ -252,6 +262,13 @@ class Engine:
     def _serve(self) -> None:
         sched = self.scheduler
         self.runner.prepare()  # CUDA graph capture, on this thread, before any sequence exists
+        warm = self.config.prefill_warmup
+        if warm or (warm is None and self.device.type == "cuda"):
+            chunks = warmup_chunks(self.config.prefill_chunk, self.config.max_context)
+            vocab = self.config.vocab_limit or self.text_config.vocab_size
+            self.warmup = warm_prefill(self.runner.execute, chunks, vocab)
+            log.info("prefill warm-up: %d chunks in %.1fs", self.warmup.chunks, self.warmup.seconds)
+        self.compiles_at_ready = jit_watch.count()
         self.prepared.set()
         while True:
             with self._cv:

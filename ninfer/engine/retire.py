@@ -13,6 +13,7 @@ from ninfer.engine.pages import PageAllocator
 from ninfer.engine.plan import DecodePlan
 from ninfer.engine.prefix_cache import PrefixCache
 from ninfer.engine.scheduler import Scheduler, Seq
+from ninfer.kernels import jit_watch
 
 
 def close_stats(seq: Seq, cold_tier: ColdTier | None) -> None:
@@ -29,6 +30,7 @@ def close_stats(seq: Seq, cold_tier: ColdTier | None) -> None:
         st.ttft_s = seq.t_first - seq.t_submit
         st.prefill_s = seq.t_first - seq.t_admit
         st.decode_s = now - seq.t_first
+    st.compilations = jit_watch.count() - seq.compiles_at_submit
     if cold_tier is not None:  # cumulative tier counters, and whether this request restored
         st.cold_tier = {"restored": cold_tier.take_restored(seq.id), **cold_tier.stats()}
 

@@ -37,6 +37,7 @@ class Seq:
     pending_ops: list[SlotOp] = field(default_factory=list)  # slot ops before the first chunk
     t_admit: float = 0.0
     t_first: float = 0.0
+    compiles_at_submit: int = 0  # jit_watch.count() when submitted (RequestStats.compilations)
 
     @property
     def prompt(self) -> tuple[int, ...]:

@@ -166,6 +166,7 @@ class Recorder:
             seed=stats.seed,
             timings_seconds=timings,
             speculative={**SPECULATIVE_OFF, **stats.speculative},
+            compilations=stats.compilations,
             **cold,
         )
         logger().info(

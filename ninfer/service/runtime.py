@@ -88,7 +88,8 @@ class ServiceRuntime:
             return 503, {"status": "draining"}
         if not self.ready:
             return 503, {"status": "loading"}
-        return 200, {"status": "ok"}
+        late = getattr(self.engine, "late_compiles", None)
+        return 200, {"status": "ok", **({"late_compiles": late()} if late is not None else {})}
 
     def _load(self) -> None:
         try:
@@ -111,6 +112,12 @@ class ServiceRuntime:
         path = self.options.artifact or str(ensure_demo_artifact())
         artifact = open_artifact(path)
         logger().info("artifact %s (%s) opened in %.3fs", path, artifact.model_id, time.monotonic() - t0)
+        if artifact.synthetic is not None:
+            logger().warning(
+                "artifact %s has SYNTHETIC weights (drawn from seed %s at load): for benchmarks; "
+                "its text is not meaningful", path, artifact.synthetic["seed"],
+            )  # fmt: skip
+            self.ctx.synthetic_weights = True
         check_against_artifact(  # settings the artifact cannot honour fail before any allocation
             self.settings,
             artifact.family,

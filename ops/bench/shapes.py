@@ -6,66 +6,25 @@ from typing import Any
 
 import torch
 
+from ninfer.artifact.released import COMMON, RELEASED_SHAPES
 from ninfer.kernels.dispatch import get_ops
 from ninfer.model.config import TextConfig
 from ninfer.model.mtp import MTPHead
 from ninfer.model.qwen35 import Qwen35Model
 from ninfer.model.weights import fuse_default
 
-# Text-config shapes of the released checkpoints (model-reference §2.5).
-_COMMON: dict[str, Any] = dict(
-    vocab_size=248320,
-    head_dim=256,
-    linear_key_head_dim=128,
-    linear_value_head_dim=128,
-    linear_conv_kernel_dim=4,
-    rms_norm_eps=1e-6,
-    max_position_embeddings=262144,
-    rope_parameters={
-        "rope_type": "default",
-        "rope_theta": 10_000_000,
-        "partial_rotary_factor": 0.25,
-        "mrope_section": [11, 11, 10],
-        "mrope_interleaved": True,
-    },
-)
-SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3.6-27b": dict(
-        _COMMON,
-        model_type="qwen3_5_text",
-        hidden_size=5120,
-        num_hidden_layers=64,
-        intermediate_size=17408,
-        num_attention_heads=24,
-        num_key_value_heads=4,
-        linear_num_key_heads=16,
-        linear_num_value_heads=48,
-    ),
-    "qwen3.6-35b-a3b": dict(
-        _COMMON,
-        model_type="qwen3_5_moe_text",
-        hidden_size=2048,
-        num_hidden_layers=40,
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        num_experts=256,
-        num_experts_per_tok=8,
-        moe_intermediate_size=512,
-        shared_expert_intermediate_size=512,
-    ),
-}
+# Text-config shapes of the released checkpoints: one table, shared with `ninfer.artifact synth`.
+SHAPES = RELEASED_SHAPES
 
 # Smoke shapes: the same families (dense / MoE), 4 layers (3 GDN + 1 attention), a 512-id vocabulary.
 _TINY: dict[str, Any] = dict(
-    _COMMON,
+    COMMON,
     vocab_size=512,
     head_dim=32,
     linear_key_head_dim=16,
     linear_value_head_dim=16,
     max_position_embeddings=4096,
-    rope_parameters=dict(_COMMON["rope_parameters"], mrope_section=[2, 1, 1]),  # rotary 8 -> 4 pairs
+    rope_parameters=dict(COMMON["rope_parameters"], mrope_section=[2, 1, 1]),  # rotary 8 -> 4 pairs
     hidden_size=64,
     num_hidden_layers=4,
     num_attention_heads=2,

@@ -1,0 +1,59 @@
+"""Prefill warm-up before ready: the chunk set reaches every length class, and running it leaves
+no trace in what requests compute (same tokens as an engine that never warmed up)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ninfer.engine.api import GenerationRequest, SamplingParams
+from ninfer.engine.warmup import SMALL_LIMIT, warmup_chunks
+from tests.engine.tiny import make_engine
+
+
+def test_chunk_set_covers_every_length_class() -> None:
+    chunks = warmup_chunks(prefill_chunk=1024, max_context=4096)
+    fresh = {c.length for c in chunks if c.start == 0}
+    assert set(range(1, SMALL_LIMIT + 1)) <= fresh  # unrolled small steps and both attention paths
+    for p in (64, 128, 256, 512, 1024):  # == 1 and divisibility-by-16 classes around each power of two
+        assert {p - 1, p} <= fresh
+    history = {(c.start, c.length) for c in chunks if c.start > 0}
+    assert (1024, 1) in history and (1024, 1024) in history and (100, 17) in history
+    assert all(c.start + c.length <= 4096 for c in chunks)
+    assert all(c.start + c.length <= 200 for c in warmup_chunks(prefill_chunk=64, max_context=200))
+
+
+def _prompt(n: int, salt: int) -> tuple[int, ...]:
+    return tuple((i * 31 + salt * 7 + 3) % 500 + 1 for i in range(n))
+
+
+def _run(engine: Any) -> list[list[int]]:
+    reqs = [
+        GenerationRequest(
+            f"r{i}", _prompt(5 + 37 * i, i), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        )
+        for i in range(4)
+    ]
+    handles = [engine.submit(engine.reserve(), r) for r in reqs]
+    out = []
+    for h in handles:
+        tokens, _ = h.result(120)
+        out.append(tokens)
+        h.ticket.release()
+    return out
+
+
+def test_warmed_engine_computes_what_a_cold_one_does(small_model: Any) -> None:
+    cold = make_engine(small_model, kv_capacity=2048, prefill_warmup=False)
+    try:
+        want = _run(cold)
+    finally:
+        cold.shutdown()
+    warm = make_engine(small_model, kv_capacity=2048, prefill_warmup=True)
+    try:
+        assert warm.wait_prepared(120)
+        assert warm.warmup is not None and warm.warmup.chunks == len(warmup_chunks(64, 256))
+        assert _run(warm) == want
+        assert warm.late_compiles() == 0  # the CPU compiles nothing
+    finally:
+        warm.shutdown()
+    assert cold.warmup is None
