@@ -140,6 +140,7 @@ class Engine:
         self.prepared = threading.Event()  # set once the engine thread finished warm-up / graph capture
         self.warmup: WarmupReport | None = None  # the prefill warm-up before ready (None: not run)
         self.compiles_at_ready = 0  # jit_watch.count() when prepared (late_compiles counts from it)
+        self._kernels_at_ready: dict[str, int] = {}
         jit_watch.install()
 
     @classmethod
@@ -227,6 +228,15 @@ class Engine:
         """Kernels and graphs compiled since the engine reported prepared (0 on a warmed server)."""
         return jit_watch.count() - self.compiles_at_ready if self.prepared.is_set() else 0
 
+    def late_kernels(self) -> dict[str, int]:
+        """Triton kernels specialised since prepared, by name (what a warm-up missed)."""
+        now, then = jit_watch.by_name(), self._kernels_at_ready
+        return (
+            {k: n - then.get(k, 0) for k, n in now.items() if n > then.get(k, 0)}
+            if self.prepared.is_set()
+            else {}
+        )
+
     def snapshot(self) -> Snapshot:
         """Scheduler occupancy as of the last step boundary."""
         return self._snapshot
@@ -269,6 +279,7 @@ class Engine:
             self.warmup = warm_prefill(self.runner.execute, chunks, vocab)
             log.info("prefill warm-up: %d chunks in %.1fs", self.warmup.chunks, self.warmup.seconds)
         self.compiles_at_ready = jit_watch.count()
+        self._kernels_at_ready = jit_watch.by_name()
         self.prepared.set()
         while True:
             with self._cv:

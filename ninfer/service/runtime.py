@@ -89,7 +89,9 @@ class ServiceRuntime:
         if not self.ready:
             return 503, {"status": "loading"}
         late = getattr(self.engine, "late_compiles", None)
-        return 200, {"status": "ok", **({"late_compiles": late()} if late is not None else {})}
+        if late is None:
+            return 200, {"status": "ok"}
+        return 200, {"status": "ok", "late_compiles": late(), "late_kernels": self.engine.late_kernels()}
 
     def _load(self) -> None:
         try:

@@ -9,8 +9,10 @@
 # "bench_27b bench_35b kernel_tests micro") run in order, each bounded by what is left of
 # BUDGET_S (default 540): the 27B bench with its speculative rows; the 35B-A3B bench with a
 # cold / warm start; the compiled kernel tests; the MoE and GEMV micro-benchmarks; on request
-# "probe" (ops/bench/oracle_probe.py), "spec_identity" (ops/bench/spec_identity.py) and "moe_sweep"
-# (moe_micro.py --sweep at SWEEP_TOKENS). At most
+# "probe" (ops/bench/oracle_probe.py), "spec_identity" (ops/bench/spec_identity.py), "moe_sweep"
+# (moe_micro.py --sweep at SWEEP_TOKENS) and "serve_27b" / "serve_35b" (ops/bench/serve.py on a
+# synthetic-weight artifact of the full shape: SERVE_S seconds, SOAK_S of soak, SERVE_ARGS more
+# flags; results under OUT_DIR/27b and OUT_DIR/35b). At most
 # eight files land in OUT_DIR (logs, result JSON; the 35B-A3B result under OUT_DIR/m35).
 # BENCH27_ARGS / BENCH35_ARGS replace the benches' section flags (defaults: "--skip hf" and
 # "--skip hf,spec --startup qwen3.6-35b-a3b"); BENCH27_S / BENCH35_S their seconds (300 / 220);
@@ -64,11 +66,19 @@ for step in $steps; do
     moe_sweep) run moe_sweep 300 python3 ops/bench/moe_micro.py --sweep --tokens "${SWEEP_TOKENS:-8}" --replays 10 \
         --out "$out/sweep" ;;
     kernel_tests) run kernel_tests "${KERNEL_TESTS_S:-300}" env TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider tests/kernels ;;
+    serve_27b | serve_35b)  # the served path at full size: synthetic weights, HTTP clients, the engine beside
+        shape=qwen3.6-27b
+        [ "$step" = serve_35b ] && shape=qwen3.6-35b-a3b
+        python3 -m ninfer.artifact synth --shape "$shape" "/tmp/$step.ninfer" --force >>"$out/$step.log" 2>&1
+        # shellcheck disable=SC2086  # SERVE_ARGS is a word list
+        run "$step" "${SERVE_S:-280}" python3 ops/bench/serve.py "/tmp/$step.ninfer" --model "$shape" \
+            --out "$out/${step#serve_}" --soak-s "${SOAK_S:-120}" ${SERVE_ARGS:-} \
+            -- --max-concurrency 8 --max-context 10240 --max-pending-requests 32 ;;
     micro)
         run micro 90 python3 ops/bench/moe_micro.py --out "$out"
         run micro 60 python3 ops/bench/gemv_micro.py --out "$out"
         ;;
-    *) echo "unknown step $step (bench_27b bench_35b probe spec_identity moe_sweep kernel_tests micro)" ;;
+    *) echo "unknown step $step (bench_27b bench_35b serve_27b serve_35b probe spec_identity moe_sweep kernel_tests micro)" ;;
     esac
 done
 echo "done in $(($(date +%s) - start)) s"

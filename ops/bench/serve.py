@@ -1,0 +1,346 @@
+"""Serving benchmark: what a user gets over HTTP, beside what the engine does alone, in one run.
+
+    python ops/bench/serve.py ARTIFACT --model qwen3.6-27b --out DIR [--smoke] [-- server flags...]
+
+Starts `ninfer-serve ARTIFACT` (with `--max-concurrency 8 --max-context 4096` unless given after
+`--`), waits for `/health`, and drives it with streaming clients over real HTTP, each request on
+its own connection:
+- `first`: 8 requests sent the moment the server says ready (TTFT of the first, any 5xx);
+- `c1`, `c8`, `c32`: closed loops of 1 client, 8 clients arriving together, 32 clients over the
+  server's 8 lanes; output tok/s, TTFT / ITL / end-to-end p50 / p90 / p99, errors by status;
+- `poisson`: arrivals at `--rate` per second;
+- `lengths`: one request per prompt length from 32 to 8k tokens (TTFT; shows compile outliers);
+- `multi_turn`: conversations through Chat (history re-sent) and Responses
+  (`previous_response_id`); every later turn should report cached tokens;
+- `soak`: 32 clients for `--soak-s` seconds (requests, errors).
+Then it reads the server's compilations after ready (`/health` `late_compiles`), stops it, and
+measures the engine alone on the same artifact with the same settings (batch 1 and 8 tok/s, TTFT
+of 8 prompts arriving together). One JSON lands in `--out`
+(`DATE-COMMIT-serve-MODEL.json`). `--smoke` runs every section small (4 clients where 8 or 32 would be), on the CPU (the test suite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from ops.bench.report import provenance, write_json
+from ops.bench.serve_client import Result, get_json, prompt_text, stream, summarize
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`ninfer-serve` in a subprocess: started, waited for, stopped."""
+
+    def __init__(self, artifact: str, flags: list[str], log_dir: Path) -> None:
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.request_log = log_dir / "serve-requests.jsonl"
+        self.argv = [artifact, "--port", str(self.port), "--request-log-jsonl", str(self.request_log), *flags]
+        self.stdout = open(log_dir / "serve-server.log", "w")
+        cmd = [sys.executable, "-m", "ninfer.service.cli", *self.argv]
+        self.t_start = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.stdout, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.ready_s: float | None = None
+
+    def wait_ready(self, timeout_s: float) -> float:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the server exited with {self.proc.returncode} before ready")
+            try:
+                status, _ = get_json(self.base, "/health", timeout=2.0)
+            except OSError:
+                status = 0
+            if status == 200:
+                self.ready_s = time.monotonic() - self.t_start
+                return self.ready_s
+            time.sleep(0.05)
+        raise SystemExit(f"the server was not ready within {timeout_s:.0f}s")
+
+    def health(self) -> dict[str, Any]:
+        _, body = get_json(self.base, "/health")
+        return body or {}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.stdout.close()
+
+
+class Load:
+    """Request bodies: `--prompt-words` random words, `--output-tokens` max tokens."""
+
+    def __init__(self, model: str, words: int, output_tokens: int) -> None:
+        self.model, self.words, self.output_tokens = model, words, output_tokens
+        self._seed = 0
+
+    def chat(self, words: int | None = None) -> dict[str, Any]:
+        self._seed += 1
+        text = prompt_text(self.words if words is None else words, self._seed)
+        return {
+            "model": self.model,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": self.output_tokens,
+        }
+
+
+def closed_loop(base: str, load: Load, clients: int, per_client: int) -> tuple[list[Result], float]:
+    """`clients` threads, each sending `per_client` requests back to back; -> results, wall seconds."""
+
+    def client(_: int) -> list[Result]:
+        return [stream(base, "chat", load.chat()) for _ in range(per_client)]
+
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(clients) as pool:
+        results = [r for batch in pool.map(client, range(clients)) for r in batch]
+    return results, time.perf_counter() - t0
+
+
+def timed_loop(base: str, load: Load, clients: int, seconds: float) -> tuple[list[Result], float]:
+    """`clients` threads sending requests back to back until `seconds` have passed."""
+    stop_at = time.monotonic() + seconds
+
+    def client(_: int) -> list[Result]:
+        out = []
+        while time.monotonic() < stop_at:
+            out.append(stream(base, "chat", load.chat()))
+            if out[-1].status in (429, 503):  # a well-behaved client backs off
+                time.sleep(0.5)
+        return out
+
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(clients) as pool:
+        results = [r for batch in pool.map(client, range(clients)) for r in batch]
+    return results, time.perf_counter() - t0
+
+
+def poisson(base: str, load: Load, rate: float, count: int, seed: int = 0) -> tuple[list[Result], float]:
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(min(count, 64)) as pool:
+        futures = []
+        for _ in range(count):
+            futures.append(pool.submit(stream, base, "chat", load.chat()))
+            time.sleep(rng.expovariate(rate))
+        results = [f.result() for f in futures]
+    return results, time.perf_counter() - t0
+
+
+def lengths(base: str, load: Load, words: list[int]) -> list[dict[str, Any]]:
+    out = []
+    for w in words:
+        body = load.chat(w)
+        body["max_tokens"] = 8
+        r = stream(base, "chat", body)
+        out.append({"prompt_tokens": r.prompt_tokens, "status": r.status, "ttft_ms": _ms(r.ttft_s)})
+    return out
+
+
+def multi_turn(base: str, load: Load, conversations: int, turns: int) -> dict[str, Any]:
+    """Chat (history re-sent) and Responses (`previous_response_id`) conversations, run in parallel."""
+
+    def chat_conv(i: int) -> list[Result]:
+        messages: list[dict[str, Any]] = []
+        out = []
+        for t in range(turns):
+            messages.append({"role": "user", "content": prompt_text(load.words, 10_000 + i * 100 + t)})
+            r = stream(base, "chat", {"model": load.model, "messages": messages, "max_tokens": 32})
+            out.append(r)
+            messages.append({"role": "assistant", "content": r.text})
+        return out
+
+    def responses_conv(i: int) -> list[Result]:
+        prev = None
+        out = []
+        for t in range(turns):
+            body: dict[str, Any] = {
+                "model": load.model, "input": prompt_text(load.words, 20_000 + i * 100 + t), "max_output_tokens": 32,
+            }  # fmt: skip
+            if prev is not None:
+                body["previous_response_id"] = prev
+            r = stream(base, "responses", body)
+            out.append(r)
+            prev = r.response_id
+        return out
+
+    with cf.ThreadPoolExecutor(2 * conversations) as pool:
+        chats = list(pool.map(chat_conv, range(conversations)))
+        resps = list(pool.map(responses_conv, range(conversations)))
+    later = [r for conv in (*chats, *resps) for r in conv[1:]]
+    return {
+        "conversations": {"chat": conversations, "responses": conversations},
+        "turns": turns,
+        "later_turns": len(later),
+        "later_turns_cached": sum(1 for r in later if r.status == 200 and r.cached_tokens > 0),
+        "errors": sum(1 for conv in (*chats, *resps) for r in conv if r.status != 200),
+        "cached_tokens_mean": round(sum(r.cached_tokens for r in later) / max(1, len(later)), 1),
+    }
+
+
+def _ms(s: float | None) -> float | None:
+    return None if s is None else round(s * 1000, 3)
+
+
+def engine_alone(argv: list[str], words: int, output_tokens: int, smoke: bool) -> dict[str, Any]:
+    """The same artifact and settings through the engine, no HTTP: batch 1 and 8 tok/s (first
+    submission to last token, as the clients measure), and the TTFT of 8 prompts arriving together."""
+    from ninfer.artifact import open_artifact
+    from ninfer.config.loader import load_settings
+    from ninfer.engine.api import GenerationRequest, SamplingParams
+    from ninfer.engine.engine import Engine
+    from ninfer.service.cli import translate
+    from ninfer.text.tokenizer import Tokenizer
+
+    settings = load_settings(translate(argv))
+    artifact = open_artifact(argv[0])
+    tok = Tokenizer.from_file(artifact.tokenizer_path)
+    engine = Engine.from_settings(settings, artifact).start()
+    engine.wait_prepared()
+    seed = [50_000]
+
+    def prompt() -> tuple[int, ...]:
+        seed[0] += 1
+        text = f"<|im_start|>user\n{prompt_text(words, seed[0])}<|im_end|>\n<|im_start|>assistant\n<think>\n"
+        return tuple(tok.encode(text))
+
+    def run(n: int) -> tuple[float, int, list[float]]:
+        t0 = time.perf_counter()
+        handles = [
+            engine.submit(engine.reserve(), GenerationRequest(f"e{i}", prompt(), SamplingParams(max_tokens=output_tokens)))
+            for i in range(n)
+        ]  # fmt: skip
+        tokens = 0
+        for h in handles:
+            with h:
+                got, _ = h.result(3600)
+                tokens += len(got)
+        wall = time.perf_counter() - t0
+        return wall, tokens, [h.stats.ttft_s for h in handles]
+
+    try:
+        run(1)  # the same first-request state the server's clients met after `first`
+        w1, t1, _ = run(1)
+        w8, t8, ttft8 = run(4 if smoke else 8)
+    finally:
+        engine.shutdown(5.0)
+    ttft8.sort()
+    return {
+        "engine_tok_s": {"1": round(t1 / w1, 2), "8": round(t8 / w8, 2)},
+        "engine_ttft_ms_c8": round(ttft8[-1] * 1000, 3),  # p99 of 8 = the largest
+        "engine_late_compiles": engine.late_compiles(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("artifact")
+    p.add_argument("--model", required=True, help="result name: qwen3.6-27b or qwen3.6-35b-a3b")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--smoke", action="store_true", help="every section small (CPU, the test suite)")
+    p.add_argument("--prompt-words", type=int, default=24, help="~32 prompt tokens with the template")
+    p.add_argument("--output-tokens", type=int, default=256)
+    p.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals per second")
+    p.add_argument("--soak-s", type=float, default=180.0)
+    p.add_argument("--ready-timeout-s", type=float, default=900.0)
+    p.add_argument(
+        "--skip", default="", help="comma-separated sections to skip (c32,poisson,lengths,soak,...)"
+    )
+    raw = list(sys.argv[1:] if argv is None else argv)
+    cut = raw.index("--") if "--" in raw else len(raw)  # server flags follow "--"
+    args = p.parse_args(raw[:cut])
+    # 32 clients over 8 lanes: every client holds a ticket (8 running + 24 pending)
+    flags = raw[cut + 1 :] or [
+        "--max-concurrency",
+        "8",
+        "--max-context",
+        "4096",
+        "--max-pending-requests",
+        "32",
+    ]
+    skip = set(filter(None, args.skip.split(",")))
+    small = args.smoke
+    out_tokens = 4 if small else args.output_tokens
+    args.out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"model": args.model, "artifact": args.artifact, "server_flags": flags,
+                              "prompt_words": args.prompt_words, "output_tokens": out_tokens}  # fmt: skip
+
+    server = Server(args.artifact, flags, args.out)
+    try:
+        result["ready_s"] = round(server.wait_ready(args.ready_timeout_s), 3)
+        _, models = get_json(server.base, "/v1/models")
+        model_id = models["data"][0]["id"]
+        result["synthetic_weights"] = bool(models["data"][0].get("synthetic_weights"))
+        load = Load(model_id, args.prompt_words, out_tokens)
+        http: dict[str, Any] = {}
+        burst = 4 if small else 8
+        first, wall = closed_loop(server.base, load, burst, 1)  # sent the moment the server said ready
+        result["first_after_ready_ttft_ms"] = _ms(min(r.ttft_s or 1e9 for r in first))
+        result["first_after_ready"] = summarize(first, wall)
+        http["c1"] = summarize(*closed_loop(server.base, load, 1, 1 if small else 4))
+        result["steady_ttft_ms"] = http["c1"]["ttft_ms"]["p50"]
+        http["c8"] = summarize(*closed_loop(server.base, load, burst, 1 if small else 2))
+        if "c32" not in skip and not small:
+            http["c32"] = summarize(*closed_loop(server.base, load, 32, 1 if small else 3))
+        if "poisson" not in skip:
+            http["poisson"] = {
+                "rate": args.rate,
+                **summarize(*poisson(server.base, load, args.rate, 4 if small else 48)),
+            }
+        result["http"] = http
+        if "lengths" not in skip:
+            words = [60] if small else [20, 45, 90, 190, 380, 770, 1540, 3000, 6000]
+            result["lengths"] = lengths(server.base, load, words)
+        if "multi_turn" not in skip:
+            result["multi_turn"] = multi_turn(server.base, load, 1 if small else 8, 2 if small else 4)
+        if "soak" not in skip:
+            clients = 4 if small else 32
+            soak, wall = timed_loop(server.base, load, clients, 2.0 if small else args.soak_s)
+            s = summarize(soak, wall)
+            result["soak"] = {"seconds": round(wall, 1), "clients": clients, "requests": s["requests"],
+                              "errors": s["errors"], "output_tok_s": s["output_tok_s"]}  # fmt: skip
+        health = server.health()
+        result["late_compiles"] = health.get("late_compiles")
+        result["late_kernels"] = health.get("late_kernels")
+    finally:
+        server.stop()
+    if "engine" not in skip:
+        result.update(engine_alone([args.artifact, *flags], args.prompt_words, out_tokens, small))
+        eng = result["engine_tok_s"]
+        for key, batch in (("c1", "1"), ("c8", "8"), ("c32", "8")):
+            if key in result["http"] and eng[batch]:
+                result["http"][key]["of_engine"] = round(
+                    (result["http"][key]["output_tok_s"] or 0) / eng[batch], 3
+                )
+    doc = {**provenance("ops/bench/serve.py", raw), **result}
+    path = args.out / f"{doc['date'][:10]}-{doc['commit']}-serve-{args.model}.json"
+    write_json(path, doc)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
