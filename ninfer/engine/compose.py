@@ -81,7 +81,10 @@ def engine_parts(
     dtype = es.torch_dtype(device != "cpu")
     backend = None if es.kernel_backend == "auto" else es.kernel_backend
     ops = get_ops(torch.device(device).type, backend)
-    model = load_model(artifact.config, artifact.load_tensors("text"), _DTYPES[dtype], device, ops=ops)
+    # straight to the device: one tensor at a time from the file map (synthetic weights are drawn there)
+    tensors = artifact.load_tensors("text", device=device)
+    model = load_model(artifact.config, tensors, _DTYPES[dtype], device, ops=ops)
+    del tensors
     draft_head = load_spec_weights(settings.spec, artifact, model, _DTYPES[dtype], device)
     tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
     config = engine_config(settings, artifact, device, dtype, vocab_limit=tokenizer.vocab_size)

@@ -36,7 +36,7 @@ def load_spec_weights(
 
     if not artifact.has_component("mtp"):
         raise EngineConfigError("spec.method=mtp: this artifact carries no MTP head")
-    load_mtp(artifact.config, artifact.load_tensors("mtp"), model, dtype, device)
+    load_mtp(artifact.config, artifact.load_tensors("mtp", device=device), model, dtype, device)
     if not spec.lm_head_draft:
         return None
     if not artifact.has_component("lm_head_draft"):
