@@ -69,6 +69,7 @@ for step in $steps; do
     serve_27b | serve_35b)  # the served path at full size: synthetic weights, HTTP clients, the engine beside
         shape=qwen3.6-27b
         [ "$step" = serve_35b ] && shape=qwen3.6-35b-a3b
+        pkill -f ninfer.service.cli && sleep 5  # a server left by a step cut short holds the GPU
         python3 -m ninfer.artifact synth --shape "$shape" "/tmp/$step.ninfer" --force >>"$out/$step.log" 2>&1
         # shellcheck disable=SC2086  # SERVE_ARGS is a word list
         run "$step" "${SERVE_S:-280}" python3 ops/bench/serve.py "/tmp/$step.ninfer" --model "$shape" \

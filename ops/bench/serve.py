@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,28 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.stdout.close()
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Requests per section: the full run, a quick one (both models in one GPU call), the CPU smoke."""
+
+    name: str
+    burst: int  # clients of the burst at ready and of c8
+    c1: int  # requests of the single client
+    c8: int  # requests per client at 8 clients
+    c32: int  # requests per client at 32 clients (0: skipped)
+    poisson: int
+    lengths: tuple[int, ...]  # prompt words (about 1.3 tokens each)
+    conversations: int  # per protocol
+    turns: int
+    soak_s: float | None  # None: --soak-s
+    output_tokens: int | None  # None: --output-tokens
+
+
+FULL = Sizes("full", 8, 4, 2, 3, 48, (20, 45, 90, 190, 380, 770, 1540, 3000, 6000), 8, 4, None, None)
+QUICK = Sizes("quick", 8, 2, 1, 1, 16, (20, 190, 770, 3000, 6000), 4, 3, None, None)
+SMOKE = Sizes("smoke", 4, 1, 1, 0, 4, (60,), 1, 2, 2.0, 4)
 
 
 class Load:
@@ -261,13 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="result name: qwen3.6-27b or qwen3.6-35b-a3b")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--smoke", action="store_true", help="every section small (CPU, the test suite)")
+    p.add_argument(
+        "--quick", action="store_true", help="fewer requests per section (one GPU call for both models)"
+    )
     p.add_argument("--prompt-words", type=int, default=24, help="~32 prompt tokens with the template")
     p.add_argument("--output-tokens", type=int, default=256)
     p.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals per second")
     p.add_argument("--soak-s", type=float, default=180.0)
     p.add_argument("--ready-timeout-s", type=float, default=900.0)
     p.add_argument(
-        "--skip", default="", help="comma-separated sections to skip (c32,poisson,lengths,soak,...)"
+        "--skip", default="", help="comma-separated sections to skip (c32,poisson,lengths,soak,engine,...)"
     )
     raw = list(sys.argv[1:] if argv is None else argv)
     cut = raw.index("--") if "--" in raw else len(raw)  # server flags follow "--"
@@ -282,12 +308,19 @@ def main(argv: list[str] | None = None) -> int:
         "32",
     ]
     skip = set(filter(None, args.skip.split(",")))
-    small = args.smoke
-    out_tokens = 4 if small else args.output_tokens
+    size = SMOKE if args.smoke else QUICK if args.quick else FULL
+    out_tokens = size.output_tokens or args.output_tokens
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"model": args.model, "artifact": args.artifact, "server_flags": flags,
-                              "prompt_words": args.prompt_words, "output_tokens": out_tokens}  # fmt: skip
+                              "prompt_words": args.prompt_words, "output_tokens": out_tokens,
+                              "profile": size.name, "complete": False}  # fmt: skip
+    meta = provenance("ops/bench/serve.py", raw)
+    path = args.out / f"{meta['date'][:10]}-{meta['commit']}-serve-{args.model}.json"
 
+    def save() -> None:  # after every section: a run cut short still leaves what it measured
+        write_json(path, {**meta, **result})
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still stops the server
     server = Server(args.artifact, flags, args.out)
     try:
         result["ready_s"] = round(server.wait_ready(args.ready_timeout_s), 3)
@@ -296,48 +329,47 @@ def main(argv: list[str] | None = None) -> int:
         result["synthetic_weights"] = bool(models["data"][0].get("synthetic_weights"))
         load = Load(model_id, args.prompt_words, out_tokens)
         http: dict[str, Any] = {}
-        burst = 4 if small else 8
-        first, wall = closed_loop(server.base, load, burst, 1)  # sent the moment the server said ready
+        result["http"] = http
+        first, wall = closed_loop(server.base, load, size.burst, 1)  # sent the moment the server said ready
         result["first_after_ready_ttft_ms"] = _ms(min(r.ttft_s or 1e9 for r in first))
         result["first_after_ready"] = summarize(first, wall)
-        http["c1"] = summarize(*closed_loop(server.base, load, 1, 1 if small else 4))
+        http["c1"] = summarize(*closed_loop(server.base, load, 1, size.c1))
         result["steady_ttft_ms"] = http["c1"]["ttft_ms"]["p50"]
-        http["c8"] = summarize(*closed_loop(server.base, load, burst, 1 if small else 2))
-        if "c32" not in skip and not small:
-            http["c32"] = summarize(*closed_loop(server.base, load, 32, 1 if small else 3))
+        http["c8"] = summarize(*closed_loop(server.base, load, size.burst, size.c8))
+        save()
+        if "c32" not in skip and size.c32:
+            http["c32"] = summarize(*closed_loop(server.base, load, 32, size.c32))
+            save()
         if "poisson" not in skip:
             http["poisson"] = {
                 "rate": args.rate,
-                **summarize(*poisson(server.base, load, args.rate, 4 if small else 48)),
+                **summarize(*poisson(server.base, load, args.rate, size.poisson)),
             }
-        result["http"] = http
         if "lengths" not in skip:
-            words = [60] if small else [20, 45, 90, 190, 380, 770, 1540, 3000, 6000]
-            result["lengths"] = lengths(server.base, load, words)
+            result["lengths"] = lengths(server.base, load, list(size.lengths))
         if "multi_turn" not in skip:
-            result["multi_turn"] = multi_turn(server.base, load, 1 if small else 8, 2 if small else 4)
+            result["multi_turn"] = multi_turn(server.base, load, size.conversations, size.turns)
+        save()
         if "soak" not in skip:
-            clients = 4 if small else 32
-            soak, wall = timed_loop(server.base, load, clients, 2.0 if small else args.soak_s)
+            clients = 4 if args.smoke else 32
+            soak, wall = timed_loop(server.base, load, clients, size.soak_s or args.soak_s)
             s = summarize(soak, wall)
             result["soak"] = {"seconds": round(wall, 1), "clients": clients, "requests": s["requests"],
                               "errors": s["errors"], "output_tok_s": s["output_tok_s"]}  # fmt: skip
         health = server.health()
         result["late_compiles"] = health.get("late_compiles")
         result["late_kernels"] = health.get("late_kernels")
+        save()
     finally:
         server.stop()
     if "engine" not in skip:
-        result.update(engine_alone([args.artifact, *flags], args.prompt_words, out_tokens, small))
+        result.update(engine_alone([args.artifact, *flags], args.prompt_words, out_tokens, args.smoke))
         eng = result["engine_tok_s"]
         for key, batch in (("c1", "1"), ("c8", "8"), ("c32", "8")):
-            if key in result["http"] and eng[batch]:
-                result["http"][key]["of_engine"] = round(
-                    (result["http"][key]["output_tok_s"] or 0) / eng[batch], 3
-                )
-    doc = {**provenance("ops/bench/serve.py", raw), **result}
-    path = args.out / f"{doc['date'][:10]}-{doc['commit']}-serve-{args.model}.json"
-    write_json(path, doc)
+            if key in http and eng[batch]:
+                http[key]["of_engine"] = round((http[key]["output_tok_s"] or 0) / eng[batch], 3)
+    result["complete"] = True
+    save()
     print(f"wrote {path}")
     return 0
 
