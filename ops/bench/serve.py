@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import json
 import os
 import random
 import signal
@@ -278,6 +279,14 @@ def engine_alone(argv: list[str], words: int, output_tokens: int, smoke: bool) -
     }
 
 
+def _ratios(result: dict[str, Any]) -> None:
+    """Served tok/s as a fraction of the engine's at the same batch (c32 runs 8 lanes)."""
+    eng, http = result["engine_tok_s"], result["http"]
+    for key, batch in (("c1", "1"), ("c8", "8"), ("c32", "8")):
+        if key in http and eng[batch]:
+            http[key]["of_engine"] = round((http[key]["output_tok_s"] or 0) / eng[batch], 3)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("artifact")
@@ -295,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--skip", default="", help="comma-separated sections to skip (c32,poisson,lengths,soak,engine,...)"
     )
+    p.add_argument("--engine-into", type=Path, default=None,
+                   help="only the engine-alone figures, added to this earlier result JSON of the same artifact")  # fmt: skip
     raw = list(sys.argv[1:] if argv is None else argv)
     cut = raw.index("--") if "--" in raw else len(raw)  # server flags follow "--"
     args = p.parse_args(raw[:cut])
@@ -320,6 +331,18 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:  # after every section: a run cut short still leaves what it measured
         write_json(path, {**meta, **result})
 
+    if args.engine_into is not None:  # a served run cut short before its engine figures
+        done = json.loads(args.engine_into.read_text())
+        done.update(
+            engine_alone(
+                [args.artifact, *done["server_flags"]], done["prompt_words"], done["output_tokens"], False
+            )
+        )
+        done["engine_measured"] = {k: meta[k] for k in ("commit", "date", "command")}
+        _ratios(done)
+        write_json(args.engine_into, done)
+        print(f"updated {args.engine_into}")
+        return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still stops the server
     server = Server(args.artifact, flags, args.out)
     try:
@@ -364,10 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
     if "engine" not in skip:
         result.update(engine_alone([args.artifact, *flags], args.prompt_words, out_tokens, args.smoke))
-        eng = result["engine_tok_s"]
-        for key, batch in (("c1", "1"), ("c8", "8"), ("c32", "8")):
-            if key in http and eng[batch]:
-                http[key]["of_engine"] = round((http[key]["output_tok_s"] or 0) / eng[batch], 3)
+        _ratios(result)
     result["complete"] = True
     save()
     print(f"wrote {path}")
