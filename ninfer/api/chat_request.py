@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from ninfer.api import fields as f
+from ninfer.api import json_body
 from ninfer.api.context import ApiContext
 from ninfer.api.errors import invalid, unsupported
 from ninfer.api.events import GenerationJob
@@ -78,10 +78,10 @@ def _tool_calls(raw: list[Any], param: str) -> list[ToolCall]:
         fn = f.as_dict(call.get("function"), f"{p}.function")
         text = f.req_str(fn, "arguments", f"{p}.function.arguments", nonempty=False)
         try:
-            args = json.loads(text) if text else {}
-        except ValueError:
+            args = json_body.loads(text) if text else {}
+        except ValueError as exc:
             raise invalid(
-                f"{p}.function.arguments", "tool call arguments must be a JSON object string"
+                f"{p}.function.arguments", f"tool call arguments must be a JSON object string ({exc})"
             ) from None
         if not isinstance(args, dict):
             raise invalid(f"{p}.function.arguments", "tool call arguments must be a JSON object")
