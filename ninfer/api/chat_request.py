@@ -20,6 +20,7 @@ KNOWN = {
     "tool_choice", "parallel_tool_calls", "reasoning_effort", "enable_thinking", "chat_template_kwargs",
     "preserve_thinking", "n", "user", "logprobs", "top_logprobs", "response_format",
 }  # fmt: skip
+SEED_MAX = 2**64 - 1  # the sampler's generators take 64-bit seeds
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
@@ -39,7 +40,7 @@ def sampling_params(body: dict[str, Any], max_tokens: int | None) -> SamplingPar
         min_p=f.opt_float(body, "min_p", 0.0, 1.0),
         presence_penalty=f.opt_float(body, "presence_penalty", -2.0, 2.0),
         frequency_penalty=f.opt_float(body, "frequency_penalty", -2.0, 2.0),
-        seed=f.opt_int(body, "seed", 0),
+        seed=f.opt_int(body, "seed", 0, SEED_MAX),
         stop=f.stop_list(body, "stop"),
     )
 
