@@ -10,6 +10,7 @@ from ninfer.api import json_body
 from ninfer.api.context import ApiContext
 from ninfer.api.errors import invalid, unsupported
 from ninfer.api.events import GenerationJob
+from ninfer.api.parse_guard import guarded
 from ninfer.engine.api import SamplingParams
 from ninfer.frontend.conversation import Conversation, ImagePart, Message, TextPart, Tool, ToolCall, VideoPart
 from ninfer.frontend.options import RequestOptions
@@ -161,6 +162,7 @@ def _controls(body: dict[str, Any]) -> RequestOptions:
     )
 
 
+@guarded
 def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
     f.reject_unknown(body, KNOWN)
     model = f.req_str(body, "model")
