@@ -94,8 +94,8 @@ def resolve_sampling(
 def _validate(s: ResolvedSampling) -> None:
     if not s.temperature >= 0.0:
         raise ValueError(f"temperature must be >= 0, got {s.temperature}")
-    if not 0.0 < s.top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {s.top_p}")
+    if not 0.0 <= s.top_p <= 1.0:
+        raise ValueError(f"top_p must be in [0, 1], got {s.top_p}")
     if not 0.0 <= s.min_p <= 1.0:
         raise ValueError(f"min_p must be in [0, 1], got {s.min_p}")
     if s.seed < 0:
@@ -151,6 +151,7 @@ class RowSampler:
             sorted_p, order = torch.sort(probs, descending=True, stable=True)
             cum = torch.cumsum(sorted_p, dim=-1)
             drop_sorted = (cum - sorted_p) >= p.top_p  # keep the smallest prefix reaching top_p
+            drop_sorted[0] = False  # and always the most probable token (top_p = 0: only it)
             drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
             probs = probs.masked_fill(drop, 0.0)
         if p.min_p > 0.0:
@@ -220,6 +221,7 @@ def batch_probs(logits: torch.Tensor, samplers: list[RowSampler]) -> torch.Tenso
         sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         cum = torch.cumsum(sorted_p, dim=-1)
         drop_sorted = ((cum - sorted_p) >= top_p) & (top_p < 1.0)
+        drop_sorted[:, 0] = False  # the most probable token always stays, as in `RowSampler.probs`
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
     if any(p.min_p > 0.0 for p in ps):

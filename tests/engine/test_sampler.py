@@ -34,7 +34,7 @@ def test_resolution_order() -> None:
     with pytest.raises(ValueError, match="repetition_penalty"):
         resolve_sampling(SamplingParams(), {**PRESET, "repetition_penalty": 1.1}, SamplingOverrides())
     with pytest.raises(ValueError, match="top_p"):
-        resolve_sampling(SamplingParams(top_p=0.0), PRESET, SamplingOverrides())
+        resolve_sampling(SamplingParams(top_p=-0.1), PRESET, SamplingOverrides())
 
 
 def test_penalties_follow_openai_formula() -> None:
@@ -124,4 +124,19 @@ def test_tiny_temperatures_keep_probabilities_finite(temp: float) -> None:
     batched = batch_probs(logits, samplers)
     assert torch.isfinite(batched).all() and torch.equal(batched.argmax(-1), logits.argmax(-1))
     assert [s.sample(row) for s, row in zip(samplers, logits, strict=True)] == logits.argmax(-1).tolist()
+    assert sample_rows(logits, samplers) == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("top_p", [0.0, -0.0, 1e-300])
+def test_top_p_zero_keeps_only_the_most_probable_token(top_p: float) -> None:
+    """top_p is a finite number in [0, 1] by the contract; at 0 the nucleus is the top token."""
+    logits = torch.randn(3, 200, generator=torch.Generator().manual_seed(4))
+    params = resolve_sampling(SamplingParams(temperature=1.0, top_p=top_p, seed=9), None, SamplingOverrides())
+    samplers = [RowSampler(params) for _ in range(3)]
+    for s, row in zip(samplers, logits, strict=True):
+        probs = s.probs(row)
+        assert torch.count_nonzero(probs) == 1 and probs.argmax() == row.argmax()
+        assert s.sample(row) == row.argmax()
+    batched = batch_probs(logits, samplers)
+    assert torch.equal(torch.count_nonzero(batched, dim=-1), torch.ones(3, dtype=torch.int64))
     assert sample_rows(logits, samplers) == logits.argmax(-1).tolist()

@@ -177,8 +177,9 @@ def test_seed_bounds(server: Server) -> None:
     assert r.status_code == 200, r.text
 
 
-def test_tiny_temperature_answers_like_greedy(server: Server) -> None:
-    """1e-40 is in [0, 2]: answered, with the greedy tokens (the limit of sampling as t -> 0)."""
+def test_tiny_temperature_and_zero_top_p_answer_like_greedy(server: Server) -> None:
+    """1e-40 is in [0, 2] and 0 in top_p's [0, 1]: answered, with the greedy tokens (the limits
+    of sampling as t -> 0 and top_p -> 0)."""
     prompt = [{"role": "user", "content": "Count: one two three"}]
 
     def chat_text(temperature: str) -> str:
@@ -192,6 +193,9 @@ def test_tiny_temperature_answers_like_greedy(server: Server) -> None:
     greedy = chat_text("0")
     for tiny in ("1e-40", "1e-30", "5e-324", "-0.0"):
         assert chat_text(tiny) == greedy, tiny
+    assert chat_text('1.0, "top_p": 0') == greedy  # a nucleus of mass 0 is the top token alone
+    r = raw_post(server, RESPONSES, responses(', "top_p": 0, "temperature": 2'))
+    assert r.status_code == 200 and r.json()["object"] == "response", r.text
     r = raw_post(server, MESSAGES, anthropic(', "temperature": 1e-40'))
     assert r.status_code == 200 and r.json()["type"] == "message", r.text
 
