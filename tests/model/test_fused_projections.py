@@ -7,7 +7,6 @@ import weakref
 
 import pytest
 import torch
-from fp32_reorder import longest_reduction, reorder_tolerance
 from fused_models import PAGES, VOCAB, fused_copy, run_phases, tiny_config, tiny_model
 from torch import nn
 
@@ -16,6 +15,7 @@ from ninfer.model.config import FULL
 from ninfer.model.gdn import GDNSlots
 from ninfer.model.qwen35 import Qwen35Model
 from ninfer.model.weights import fuse_default, load_model
+from tests.fp32_reorder import longest_reduction, reorder_tolerance
 
 KINDS = ["dense", "moe"]
 # the fused parameters and the projections each one replaces, per module kind
