@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from ninfer.api import fields as f
+from ninfer.api import json_body
 from ninfer.api.context import ApiContext
 from ninfer.api.errors import invalid, unsupported
 from ninfer.api.events import GenerationJob
+from ninfer.api.parse_guard import guarded
 from ninfer.engine.api import SamplingParams
 from ninfer.frontend.conversation import Conversation, ImagePart, Message, TextPart, Tool, ToolCall, VideoPart
 from ninfer.frontend.options import RequestOptions
@@ -20,6 +21,7 @@ KNOWN = {
     "tool_choice", "parallel_tool_calls", "reasoning_effort", "enable_thinking", "chat_template_kwargs",
     "preserve_thinking", "n", "user", "logprobs", "top_logprobs", "response_format",
 }  # fmt: skip
+SEED_MAX = 2**64 - 1  # the sampler's generators take 64-bit seeds
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
@@ -39,7 +41,7 @@ def sampling_params(body: dict[str, Any], max_tokens: int | None) -> SamplingPar
         min_p=f.opt_float(body, "min_p", 0.0, 1.0),
         presence_penalty=f.opt_float(body, "presence_penalty", -2.0, 2.0),
         frequency_penalty=f.opt_float(body, "frequency_penalty", -2.0, 2.0),
-        seed=f.opt_int(body, "seed", 0),
+        seed=f.opt_int(body, "seed", 0, SEED_MAX),
         stop=f.stop_list(body, "stop"),
     )
 
@@ -78,10 +80,10 @@ def _tool_calls(raw: list[Any], param: str) -> list[ToolCall]:
         fn = f.as_dict(call.get("function"), f"{p}.function")
         text = f.req_str(fn, "arguments", f"{p}.function.arguments", nonempty=False)
         try:
-            args = json.loads(text) if text else {}
-        except ValueError:
+            args = json_body.loads(text) if text else {}
+        except ValueError as exc:
             raise invalid(
-                f"{p}.function.arguments", "tool call arguments must be a JSON object string"
+                f"{p}.function.arguments", f"tool call arguments must be a JSON object string ({exc})"
             ) from None
         if not isinstance(args, dict):
             raise invalid(f"{p}.function.arguments", "tool call arguments must be a JSON object")
@@ -160,6 +162,7 @@ def _controls(body: dict[str, Any]) -> RequestOptions:
     )
 
 
+@guarded
 def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
     f.reject_unknown(body, KNOWN)
     model = f.req_str(body, "model")

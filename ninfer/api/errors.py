@@ -70,7 +70,9 @@ class ApiError(Exception):
         }
 
     def body_bytes(self, dialect: Dialect) -> bytes:
-        return json.dumps(self.body(dialect), ensure_ascii=False).encode("utf-8")
+        # A message or param that quotes a client's lone surrogate still encodes: as a `\udxxx`
+        # escape, which keeps the body valid JSON (rendering an error must never fail itself).
+        return json.dumps(self.body(dialect), ensure_ascii=False).encode("utf-8", "backslashreplace")
 
     def describe(self) -> dict[str, object]:
         """The exact status/type/code/param/message, as the request log records it."""

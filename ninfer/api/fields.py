@@ -6,17 +6,23 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from ninfer.api import json_body
 from ninfer.api.errors import ApiError, invalid, unknown_parameter
+from ninfer.api.json_body import JsonRejected
 
 _MISSING = object()
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """Decode a JSON object body; anything else is a 400 with code `invalid_json`."""
-    import json
+    """Decode a JSON object body; anything else is a 400 with code `invalid_json`.
 
+    Every POST route reads its body here: invalid UTF-8 and everything `json_body.loads` refuses
+    (too deep, lone surrogates, NaN / Infinity) are answered before any field is read.
+    """
     try:
-        value = json.loads(raw.decode("utf-8"))
+        value = json_body.loads(raw.decode("utf-8"))
+    except JsonRejected as exc:
+        raise ApiError(400, "invalid_json", f"request body is not accepted: {exc}") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):

@@ -9,6 +9,7 @@ from ninfer.api import fields as f
 from ninfer.api.context import ApiContext
 from ninfer.api.errors import invalid, unsupported
 from ninfer.api.events import GenerationJob
+from ninfer.api.parse_guard import guarded
 from ninfer.engine.api import SamplingParams
 from ninfer.frontend.conversation import Conversation, ImagePart, Message, TextPart, Tool, ToolCall, VideoPart
 from ninfer.frontend.options import RequestOptions
@@ -219,6 +220,7 @@ def controls(body: dict[str, Any]) -> RequestOptions:
     )
 
 
+@guarded
 def parse(body: dict[str, Any], ctx: ApiContext) -> MessagesRequest:
     f.reject_unknown(body, KNOWN)
     model = f.req_str(body, "model")  # a response label; it does not select the artifact
@@ -248,6 +250,7 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> MessagesRequest:
     return MessagesRequest(job=job, model=model)
 
 
+@guarded
 def parse_count(body: dict[str, Any], ctx: ApiContext) -> GenerationJob:
     f.reject_unknown(body, COUNT_KNOWN)
     f.req_str(body, "model")

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ninfer.api import fields as f
+from ninfer.api import json_body
 from ninfer.api.errors import ApiError, invalid, unknown_parameter
 from ninfer.frontend.conversation import ImagePart, Message, Part, TextPart, ToolCall, VideoPart
 
@@ -141,9 +142,13 @@ def _function_call(item: dict[str, Any], param: str) -> dict[str, Any]:
     _status(item, param)
     arguments = f.req_str(item, "arguments", f"{param}.arguments", nonempty=False)
     try:
-        decoded = json.loads(arguments)
-    except ValueError:
-        decoded = None
+        decoded = json_body.loads(arguments)
+    except ValueError as exc:
+        raise invalid(
+            f"{param}.arguments",
+            f"function_call arguments must be a JSON object string ({exc})",
+            "invalid_value",
+        ) from None
     if not isinstance(decoded, dict):
         raise invalid(
             f"{param}.arguments", "function_call arguments must be a JSON object string", "invalid_value"

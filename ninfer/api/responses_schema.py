@@ -12,6 +12,7 @@ from typing import Any
 
 from ninfer.api import fields as f
 from ninfer.api.errors import invalid, unknown_parameter, unsupported
+from ninfer.api.parse_guard import guarded
 from ninfer.api.responses_items import normalize_input, unsupported_value
 from ninfer.frontend.conversation import Tool
 
@@ -171,6 +172,7 @@ def _check_unsupported(body: dict[str, Any], stream: bool) -> None:
             )
 
 
+@guarded
 def parse_create(body: dict[str, Any], vision: bool) -> CreateRequest:
     """Validate a Create body (the model id is checked by the caller against the server's)."""
     for key, value in body.items():
@@ -205,6 +207,7 @@ def parse_create(body: dict[str, Any], vision: bool) -> CreateRequest:
     )
 
 
+@guarded
 def parse_input_tokens(body: dict[str, Any], vision: bool) -> tuple[str, list[dict[str, Any]]]:
     """`/v1/responses/input_tokens` accepts exactly `model` and `input`."""
     f.reject_unknown(body, ("model", "input"))

@@ -21,6 +21,9 @@ NEUTRAL: dict[str, float | int] = {
     "frequency_penalty": 0.0,
 }
 _SEED_RNG = random.SystemRandom()
+# Positive temperatures below the smallest normal float32 are sampled as greedy: the knob is a
+# float32 on the device, where a subnormal may flush to zero (0 / 0 in the scaled logits).
+MIN_TEMPERATURE = float(torch.finfo(torch.float32).tiny)
 
 
 @dataclass(frozen=True)
@@ -69,8 +72,8 @@ def resolve_sampling(
         if v is None:
             v = preset.get(name, NEUTRAL[name])
         values[name] = v
-    if overrides.greedy:
-        values["temperature"] = 0.0
+    if overrides.greedy or 0.0 <= float(values["temperature"]) < MIN_TEMPERATURE:
+        values["temperature"] = 0.0  # (-0.0 included; a negative or NaN one fails validation)
     seed = params.seed if params.seed is not None else overrides.seed
     if seed is None:
         seed = _SEED_RNG.randrange(2**63)
@@ -91,12 +94,20 @@ def resolve_sampling(
 def _validate(s: ResolvedSampling) -> None:
     if not s.temperature >= 0.0:
         raise ValueError(f"temperature must be >= 0, got {s.temperature}")
-    if not 0.0 < s.top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {s.top_p}")
+    if not 0.0 <= s.top_p <= 1.0:
+        raise ValueError(f"top_p must be in [0, 1], got {s.top_p}")
     if not 0.0 <= s.min_p <= 1.0:
         raise ValueError(f"min_p must be in [0, 1], got {s.min_p}")
     if s.seed < 0:
         raise ValueError(f"seed must be nonnegative, got {s.seed}")
+
+
+def _scaled(logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
+    """logits [..., V] -> (logits - row max) / temperature: every row's maximum becomes exactly 0
+    and the rest <= 0 (-inf where the quotient overflows), so however small a positive
+    temperature is, softmax stays finite (the limit: all mass on the maximum). Dividing the
+    unshifted logits overflows to inf for tiny temperatures, and softmax of inf is NaN."""
+    return (logits - logits.amax(dim=-1, keepdim=True)) / temperature
 
 
 class RowSampler:
@@ -130,7 +141,7 @@ class RowSampler:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """logits: [V] float32 (penalized) -> the (unnormalized) sampling distribution [V]."""
         p = self.params
-        logits = logits / p.temperature
+        logits = _scaled(logits, p.temperature)
         # Same order as Hugging Face generation: temperature, top-k, top-p, min-p.
         if 0 < p.top_k < logits.numel():
             kth = torch.topk(logits, p.top_k).values[-1]
@@ -140,6 +151,7 @@ class RowSampler:
             sorted_p, order = torch.sort(probs, descending=True, stable=True)
             cum = torch.cumsum(sorted_p, dim=-1)
             drop_sorted = (cum - sorted_p) >= p.top_p  # keep the smallest prefix reaching top_p
+            drop_sorted[0] = False  # and always the most probable token (top_p = 0: only it)
             drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
             probs = probs.masked_fill(drop, 0.0)
         if p.min_p > 0.0:
@@ -198,7 +210,7 @@ def batch_probs(logits: torch.Tensor, samplers: list[RowSampler]) -> torch.Tenso
         dtype=logits.dtype,
     )  # [4, B]; top_k <= 248320 is exact in float32
     temp, top_k, top_p, min_p = _to(knobs, logits.device)[:, :, None]  # 4 x [B, 1]
-    x = logits / temp
+    x = _scaled(logits, temp)
     kmax = max((p.top_k for p in ps if 0 < p.top_k < v), default=0)
     if kmax:  # the k-th largest value of each row; rows without top-k keep everything
         kth = torch.topk(x, kmax, dim=-1).values.gather(1, (top_k.long() - 1).clamp(min=0))  # [B, 1]
@@ -209,6 +221,7 @@ def batch_probs(logits: torch.Tensor, samplers: list[RowSampler]) -> torch.Tenso
         sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         cum = torch.cumsum(sorted_p, dim=-1)
         drop_sorted = ((cum - sorted_p) >= top_p) & (top_p < 1.0)
+        drop_sorted[:, 0] = False  # the most probable token always stays, as in `RowSampler.probs`
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
     if any(p.min_p > 0.0 for p in ps):

@@ -50,12 +50,22 @@ class BodyLimit:
         req.context.body = b""
         if req.method not in ("POST", "PUT", "PATCH"):
             return
+        try:
+            req.context.body = self._read(req)
+        except ApiError:
+            raise
+        except Exception as exc:  # the server's HTTP parser refused the body's framing
+            raise ApiError(
+                400, "invalid_request", f"the request body could not be read: {type(exc).__name__}: {exc}"
+            ) from None
+
+    def _read(self, req: falcon.Request) -> bytes:
+        """The whole body; a malformed chunked encoding raises from the server's stream."""
         length = req.content_length
         if length is not None:
             if length > self.limit:
                 raise self._too_large()
-            req.context.body = req.bounded_stream.read(length)
-            return
+            return req.bounded_stream.read(length)
         chunks: list[bytes] = []
         total = 0
         while True:
@@ -66,7 +76,7 @@ class BodyLimit:
             if total > self.limit:
                 raise self._too_large()
             chunks.append(chunk)
-        req.context.body = b"".join(chunks)
+        return b"".join(chunks)
 
 
 def render_error(resp: falcon.Response, path: str, error: ApiError) -> None:

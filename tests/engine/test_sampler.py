@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from ninfer.engine.api import SamplingParams
-from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
+from ninfer.engine.sampler import (
+    MIN_TEMPERATURE,
+    RowSampler,
+    SamplingOverrides,
+    batch_probs,
+    resolve_sampling,
+    sample_rows,
+)
 
 PRESET = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "presence_penalty": 0.0}
 
@@ -27,7 +34,7 @@ def test_resolution_order() -> None:
     with pytest.raises(ValueError, match="repetition_penalty"):
         resolve_sampling(SamplingParams(), {**PRESET, "repetition_penalty": 1.1}, SamplingOverrides())
     with pytest.raises(ValueError, match="top_p"):
-        resolve_sampling(SamplingParams(top_p=0.0), PRESET, SamplingOverrides())
+        resolve_sampling(SamplingParams(top_p=-0.1), PRESET, SamplingOverrides())
 
 
 def test_penalties_follow_openai_formula() -> None:
@@ -88,3 +95,48 @@ def test_seeded_sampling_is_reproducible_and_greedy_is_argmax() -> None:
     assert [a.sample(r) for r in logits] == [b.sample(r) for r in logits]
     g = resolve_sampling(SamplingParams(temperature=0.0), None, SamplingOverrides())
     assert [RowSampler(g).sample(r) for r in logits] == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("temp", [1e-40, 5e-324, -0.0, 0.0])
+def test_temperatures_below_float32_normals_are_greedy(temp: float) -> None:
+    r = resolve_sampling(SamplingParams(temperature=temp, seed=1), PRESET, SamplingOverrides())
+    assert r.temperature == 0.0 and str(r.temperature) == "0.0"
+    for bad in (-1e-40, float("nan")):
+        with pytest.raises(ValueError, match="temperature"):
+            resolve_sampling(SamplingParams(temperature=bad), PRESET, SamplingOverrides())
+
+
+@pytest.mark.parametrize("temp", [MIN_TEMPERATURE, 1e-30, 1e-10])
+def test_tiny_temperatures_keep_probabilities_finite(temp: float) -> None:
+    """A positive temperature just above the greedy floor: dividing the raw logits would
+    overflow (logit 30 / 1e-38 > float32 max) and softmax would give NaN; the distribution is
+    instead finite and all its mass is on the argmax, in the row and the batched sampler."""
+    g = torch.Generator().manual_seed(3)
+    logits = 30 * torch.randn(4, 500, generator=g)
+    logits[1, 7] = 1e4  # a large logit overflows even at moderate temperatures
+    params = resolve_sampling(SamplingParams(temperature=temp, seed=5), None, SamplingOverrides())
+    assert params.temperature == temp
+    samplers = [RowSampler(params) for _ in range(4)]
+    for i, row in enumerate(logits):
+        probs = samplers[i].probs(row)
+        assert torch.isfinite(probs).all()
+        assert probs.argmax() == row.argmax() and probs.sum() == probs.max() == 1.0
+    batched = batch_probs(logits, samplers)
+    assert torch.isfinite(batched).all() and torch.equal(batched.argmax(-1), logits.argmax(-1))
+    assert [s.sample(row) for s, row in zip(samplers, logits, strict=True)] == logits.argmax(-1).tolist()
+    assert sample_rows(logits, samplers) == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("top_p", [0.0, -0.0, 1e-300])
+def test_top_p_zero_keeps_only_the_most_probable_token(top_p: float) -> None:
+    """top_p is a finite number in [0, 1] by the contract; at 0 the nucleus is the top token."""
+    logits = torch.randn(3, 200, generator=torch.Generator().manual_seed(4))
+    params = resolve_sampling(SamplingParams(temperature=1.0, top_p=top_p, seed=9), None, SamplingOverrides())
+    samplers = [RowSampler(params) for _ in range(3)]
+    for s, row in zip(samplers, logits, strict=True):
+        probs = s.probs(row)
+        assert torch.count_nonzero(probs) == 1 and probs.argmax() == row.argmax()
+        assert s.sample(row) == row.argmax()
+    batched = batch_probs(logits, samplers)
+    assert torch.equal(torch.count_nonzero(batched, dim=-1), torch.ones(3, dtype=torch.int64))
+    assert sample_rows(logits, samplers) == logits.argmax(-1).tolist()

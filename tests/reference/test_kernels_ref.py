@@ -10,6 +10,7 @@ from ninfer.kernels import get_ops
 from ninfer.kernels.attention_ref import paged_attention, write_kv
 from ninfer.kernels.conv_ref import causal_conv1d_with_state
 from ninfer.kernels.gdn_ref import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from tests.fp32_reorder import reorder_tolerance
 
 
 def _gdn_inputs(b: int, t: int, nk: int, nv: int, dk: int, dv: int, seed: int):
@@ -100,7 +101,8 @@ def test_paged_attention_matches_dense_causal() -> None:
         s = q[b].transpose(0, 1) @ kk.transpose(1, 2) * hd**-0.5  # [nh, q, L]
         allowed = torch.arange(n + q_len)[None] <= (n + torch.arange(q_len))[:, None]
         ref = (s.masked_fill(~allowed, float("-inf")).softmax(-1) @ vv).transpose(0, 1)
-        assert torch.allclose(o[b], ref, atol=1e-5)
+        # paged and dense attention sum the same n + q_len keys in another order
+        assert torch.allclose(o[b], ref, **reorder_tolerance(ref, max(n + q_len, hd)))
 
 
 def test_dispatch_lists_valid_names() -> None:

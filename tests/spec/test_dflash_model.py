@@ -8,6 +8,7 @@ from dflash.model import DFlashDraftModel, build_target_layer_ids
 from transformers import Qwen3Config
 
 from ninfer.model.dflash import DFlashConfig, default_target_layers, load_dflash
+from tests.fp32_reorder import longest_reduction, reorder_tolerance
 
 H, TARGET_LAYERS = 32, 8
 
@@ -87,7 +88,8 @@ def test_padded_context_rows_change_nothing() -> None:
         alone = ours(
             noise[1:], bpos[1:], ours.context_kv(feats[1:, :6], cpos[1:, :6]), cpos[1:, :6], valid[1:, :6]
         )
-    assert torch.allclose(both[1:], alone, rtol=1e-5, atol=1e-6)
+    # the batch of two sums in another order than the row alone (9 masked keys against 6)
+    assert torch.allclose(both[1:], alone, **reorder_tolerance(alone, longest_reduction(ours, 9)))
 
 
 @pytest.mark.parametrize(("n", "m"), [(36, 5), (40, 5), (64, 5), (8, 1), (8, 3)])
