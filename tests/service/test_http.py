@@ -410,15 +410,24 @@ def test_admission_overload_and_queue_timeout(server: Server) -> None:
     over_an = post(
         server, "/v1/messages", {"model": "m", "max_tokens": 4, "messages": CHAT}, {"x-api-key": API_KEY}
     )
+    # a template-option error is the request's own 400 even with no capacity left
+    bad_option = post(
+        server,
+        "/v1/chat/completions",
+        {**long, "stream": False, "chat_template_kwargs": {"enable_thinking": "yes"}},
+    )
     for t in threads:
         t.join(30)
     for r in running:
         r.close()
     assert (over.status_code, over.json()["error"]["code"]) == (429, "server_overloaded"), over.text
     assert over_an.status_code == 429 and over_an.json()["error"]["type"] == "rate_limit_error"
+    assert (bad_option.status_code, bad_option.json()["error"]["code"]) == (400, "invalid_template_option")
     assert [(r.status_code, r.json()["error"]["code"]) for r in waiting] == [
         (503, "request_queue_timeout")
     ] * 2
+    assert [r.headers.get("Retry-After") for r in (over, over_an, *waiting)] == ["1"] * 4
+    assert "Retry-After" not in bad_option.headers
     rejected = wait_event(server, "request_rejected", int(over.headers["x-request-id"]))
     assert rejected["http"]["status"] == 429
     for r in waiting:
