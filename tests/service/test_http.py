@@ -235,10 +235,20 @@ def test_anthropic_sdk_and_max_tokens(server: Server, ref: Reference) -> None:
         extra_body={"temperature": 0},
         thinking={"type": "disabled"},
     ) as stream:
-        text = "".join(stream.text_stream)
+        events = list(stream)
         final = stream.get_final_message()
+    deltas = [e.delta for e in events if e.type == "content_block_delta"]
+    text = "".join(d.text for d in deltas if d.type == "text_delta")
     assert text == exp.text and final.usage.output_tokens == len(exp.ids)
     assert final.stop_reason == msg.stop_reason
+    # the same prompt again: a prefix hit, reported alike by message_start and message_delta
+    start = next(e for e in events if e.type == "message_start").message.usage
+    end = next(e for e in events if e.type == "message_delta").usage
+    assert start.cache_read_input_tokens > 0
+    assert (start.input_tokens, start.cache_read_input_tokens) == (
+        end.input_tokens,
+        end.cache_read_input_tokens,
+    )
 
     think = ref.greedy(messages, 6)
     parse = think.parse(thinking=True)
