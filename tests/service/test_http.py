@@ -112,6 +112,14 @@ def test_health_models_and_auth(server: Server, demo_cache: Path) -> None:
     assert oa(server).models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):
         oa(server).models.retrieve("other")
+    # the Anthropic SDK (strict response validation) gets Anthropic's ModelInfo shape
+    page = an(server).models.list()
+    assert [(m.type, m.id, m.display_name) for m in page.data] == [("model", MODEL, MODEL)]
+    assert (page.first_id, page.last_id, page.has_more) == (MODEL, MODEL, False)
+    info = an(server).models.retrieve(MODEL)
+    assert info.id == MODEL and info.created_at.tzinfo is not None
+    with pytest.raises(anthropic.NotFoundError):
+        an(server).models.retrieve("other")
     pre = requests.options(
         f"{server.url}/v1/chat/completions",
         headers={"Origin": "http://x.test", "Access-Control-Request-Method": "POST"},
