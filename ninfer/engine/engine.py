@@ -201,6 +201,7 @@ class Engine:
                 t_submit=now,
             )
             handle = RequestHandle(request.request_id, ticket, intake.stats, lambda: self._cancel(sid))
+            seq.claim, seq.unclaim = handle.claim_admission, handle.release_admission
             self._handles[sid] = handle
             self._inbox.append(seq)
             self._cv.notify()
