@@ -44,6 +44,7 @@ class ApiError(Exception):
     type: str | None = None  # OpenAI-shape type; derived from the status when None
     retryable: bool = False  # False adds `x-should-retry: false` so SDKs do not retry
     request_id: int | None = None  # the measurement request it ended (sent as x-request-id)
+    retry_after_s: int = 1  # the Retry-After header of a 429 or 503
 
     def __post_init__(self) -> None:
         super().__init__(self.message)

@@ -98,7 +98,10 @@ class BlockStream:
 def stream_events(gen: Generation, mid: str, model: str) -> Iterator[bytes]:
     blocks = BlockStream()
     try:
-        usage = usage_body(Usage(gen.prompt_tokens, 0))
+        # the first output came after admission, so the engine's cached prefix is known here and
+        # message_start carries the same input / cache-read split as the cumulative message_delta
+        cached = gen.stats.cached_tokens if gen.stats is not None else 0
+        usage = usage_body(Usage(gen.prompt_tokens, 0, cached))
         start = {"id": mid, "type": "message", "role": "assistant", "model": model, "content": []}
         start.update({"stop_reason": None, "stop_sequence": None, "usage": usage})
         yield _event("message_start", {"message": start})

@@ -98,6 +98,7 @@ class Pipeline:
         prepared: Prepared | None = None
         handle: Handle | None = None
         try:
+            self.prompts.check_options(job.controls)  # a 400 of its own, not a 429 under load
             ticket = self.engine.reserve()
             # media preparation shares the request's admission deadline
             prepared = self.prompts.prepare(

@@ -50,6 +50,10 @@ class OutputDecoder(Protocol):
 class PromptPort(Protocol):
     """Conversation -> tokens, and tokens -> events, for the loaded artifact."""
 
+    def check_options(self, controls: RequestOptions) -> None:
+        """Resolve the template options alone (before any capacity is taken); ApiError 400 if invalid."""
+        ...
+
     def prepare(
         self, conversation: Any, controls: RequestOptions, tools_present: bool, deadline: float | None = None
     ) -> Prepared:

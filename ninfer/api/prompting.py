@@ -12,7 +12,13 @@ from ninfer.engine.api import StepOutput
 from ninfer.frontend import parser as fp
 from ninfer.frontend.capabilities import resolve_capabilities
 from ninfer.frontend.conversation import Conversation, Tool
-from ninfer.frontend.options import FrontendError, RequestOptions, ServerDefaults, resolve_options
+from ninfer.frontend.options import (
+    FrontendError,
+    PromptOptions,
+    RequestOptions,
+    ServerDefaults,
+    resolve_options,
+)
 from ninfer.frontend.prepare import prepare_prompt
 from ninfer.frontend.render import TemplateError
 from ninfer.text.tokenizer import Tokenizer
@@ -55,6 +61,15 @@ class FrontendPrompts:
         self.defaults = defaults
         self.caps = resolve_capabilities(template)
 
+    def _options(self, controls: RequestOptions) -> PromptOptions:
+        try:
+            return resolve_options(controls, self.caps, self.defaults)
+        except FrontendError as exc:
+            raise ApiError(400, exc.code, exc.message, exc.param) from None
+
+    def check_options(self, controls: RequestOptions) -> None:
+        self._options(controls)
+
     def prepare(
         self,
         conversation: Conversation,
@@ -62,10 +77,7 @@ class FrontendPrompts:
         tools_present: bool,
         deadline: float | None = None,
     ) -> Prepared:
-        try:
-            options = resolve_options(controls, self.caps, self.defaults)
-        except FrontendError as exc:
-            raise ApiError(400, exc.code, exc.message, exc.param) from None
+        options = self._options(controls)
         try:
             prompt = prepare_prompt(conversation, options, self.template, self.tokenizer, self.caps)
         except TemplateError as exc:

@@ -208,6 +208,7 @@ class Engine:
                 compiles_at_submit=jit_watch.count(),
             )
             handle = RequestHandle(request.request_id, ticket, intake.stats, lambda: self._cancel(sid))
+            seq.claim, seq.unclaim = handle.claim_admission, handle.release_admission
             self._handles[sid] = handle
             self._inbox.append(seq)
             self._cv.notify()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import queue
+import threading
+import time
 from collections.abc import Callable, Iterator
 
-from ninfer.engine.api import EngineError, RequestStats, StepOutput
+from ninfer.engine.api import EngineError, QueueTimeout, RequestStats, StepOutput
 from ninfer.engine.tickets import Ticket
 
 
@@ -15,6 +17,12 @@ class RequestHandle:
     Iterating yields `StepOutput`s until the one with `finish_reason`; an admission failure
     (`QueueTimeout`, `EngineStopped`) is raised from the iterator instead. `stats` is complete
     once the final output has been read.
+
+    Until the engine admits the request, the caller's wait is bounded by the ticket's deadline
+    itself, not by the engine's next step boundary (a long step would delay the 503): at the
+    deadline the caller claims the request as expired, raises `QueueTimeout` and cancels it.
+    Admission and expiry are one claim under a lock (`claim_admission` / `_expire`), so a
+    request is either admitted or timed out, never both.
     """
 
     def __init__(
@@ -29,6 +37,30 @@ class RequestHandle:
         self._queue: queue.SimpleQueue[StepOutput | EngineError] = queue.SimpleQueue()
         self.finished = False
         self.timeout_s: float | None = None  # per-item wait bound while iterating
+        self._claim = threading.Lock()
+        self._admitted = False
+        self._expired = False
+
+    # ----- admission claim (engine thread / caller thread) -----
+    def claim_admission(self) -> bool:
+        """The engine is admitting the request: False if the caller already timed it out."""
+        with self._claim:
+            if self._expired:
+                return False
+            self._admitted = True
+            return True
+
+    def release_admission(self) -> None:
+        """The claimed admission did not happen (no room yet): the request is waiting again."""
+        with self._claim:
+            self._admitted = False
+
+    def _expire(self) -> bool:
+        with self._claim:
+            if self._admitted:
+                return False
+            self._expired = True
+            return True
 
     # ----- engine side -----
     def _put(self, item: StepOutput | EngineError) -> None:
@@ -36,14 +68,34 @@ class RequestHandle:
 
     # ----- caller side -----
     def get(self, timeout: float | None = None) -> StepOutput:
-        """The next output; raises `queue.Empty` after `timeout` seconds without one."""
-        item = self._queue.get(timeout=timeout)
+        """The next output; raises `queue.Empty` after `timeout` seconds without one, and
+        `QueueTimeout` once the admission deadline passes before the engine admitted the request."""
+        item = self._queue.get(timeout=timeout) if self._admitted else self._get_waiting(timeout)
         if isinstance(item, EngineError):
             self.finished = True
             raise item
         if item.finish_reason is not None:
             self.finished = True
         return item
+
+    def _get_waiting(self, timeout: float | None) -> StepOutput | EngineError:
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            bound = self.ticket.deadline - now if not self._admitted else None
+            if end is not None:
+                bound = end - now if bound is None else min(bound, end - now)
+            try:
+                return self._queue.get(timeout=None if bound is None else max(0.0, bound))
+            except queue.Empty:
+                now = time.monotonic()
+                if now >= self.ticket.deadline and self._expire():
+                    self.finished = True
+                    self._cancel()
+                    waited = now - self.ticket.created
+                    raise QueueTimeout(f"request not admitted within {waited:.3f}s") from None
+                if end is not None and now >= end:
+                    raise
 
     def __iter__(self) -> Iterator[StepOutput]:
         while not self.finished:

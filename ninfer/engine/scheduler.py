@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ninfer.engine.api import GenerationRequest, RequestStats
@@ -38,6 +39,8 @@ class Seq:
     t_admit: float = 0.0
     t_first: float = 0.0
     compiles_at_submit: int = 0  # jit_watch.count() when submitted (RequestStats.compilations)
+    claim: Callable[[], bool] = lambda: True  # the handle's admission claim (`RequestHandle`)
+    unclaim: Callable[[], None] = lambda: None  # admission did not happen after all
 
     @property
     def prompt(self) -> tuple[int, ...]:
@@ -88,9 +91,12 @@ class Scheduler:
         admitted: list[Seq] = []
         while self.waiting and len(self.active) < self.max_concurrency:
             seq = self.waiting[0]
+            if not seq.claim():  # the caller timed it out already; its cancel removes it
+                break
             mm = seq.request.multimodal
             adm = self.cache.admit(seq.id, seq.prompt, seq.need_pages, mm.keys() if mm is not None else ())
             if adm is None:
+                seq.unclaim()
                 break
             self.waiting.popleft()
             seq.lane = adm.lane

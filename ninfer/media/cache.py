@@ -8,6 +8,10 @@
 * Builds run on a bounded worker pool. The live-byte reservation is made on the requesting
   thread once the build is done, waiting (until the caller's deadline) for other references to
   be released; a payload larger than the whole live budget fails at once.
+* `hold(n, deadline)` holds `n` live bytes for the duration of a build's decode: decoded pixels
+  are accounted against the live limit before they exist (a decode larger than the whole limit
+  fails at once, else it waits like a payload), and freed heap pages go back to the system
+  after a large one (`ninfer.media.heap.return_free_heap`).
 * `gate` is the preparation permit: one request prepares at a time, so two partially prepared
   requests can never each hold part of the live budget while waiting for the rest.
 """
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 
 from ninfer.media.config import PreparedMedia
 from ninfer.media.errors import BUDGET_EXCEEDED, MediaError
+from ninfer.media.heap import TRIM_ABOVE_BYTES, return_free_heap
 
 MediaKey = tuple[str, str]  # (sha256 hex of the acquired bytes, modality)
 
@@ -172,6 +177,31 @@ class MediaCache:
         finally:
             self._gate.release()
 
+    def check_fits(self, nbytes: int) -> None:
+        """MediaError (budget) when a decode of `nbytes` could never fit the live limit."""
+        if nbytes > self.live_limit:
+            raise MediaError(
+                BUDGET_EXCEEDED,
+                f"decoding the media needs {nbytes >> 20} MiB, over the live media limit of "
+                f"{self.live_limit >> 20} MiB",
+            )
+
+    @contextmanager
+    def hold(self, nbytes: int, deadline: float | None = None) -> Iterator[None]:
+        """`nbytes` of transient decode memory held against the live limit while the block runs."""
+        self.check_fits(nbytes)
+        with self._cond:
+            self._wait_for_room(nbytes, deadline)
+            self._live += nbytes
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._live -= nbytes
+                self._cond.notify_all()
+            if nbytes > TRIM_ABOVE_BYTES:
+                return_free_heap()
+
     def start(
         self, key: MediaKey, build: Callable[[], PreparedMedia], counters: MediaCounters | None = None
     ) -> Pending:
@@ -246,15 +276,19 @@ class MediaCache:
         if size > self.live_limit:
             raise MediaError(BUDGET_EXCEEDED, f"prepared media of {size} bytes exceeds the live media limit")
         with self._cond:
-            while self._live + size > self.live_limit:
-                if self._evict_one(unshared_only=True):
-                    continue
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise PreparationTimeout("waiting for live media memory timed out")
-                self._cond.wait(left)
+            self._wait_for_room(size, deadline)
             self._live += size
             return _Entry(media, 0)
+
+    def _wait_for_room(self, size: int, deadline: float | None) -> None:
+        """Under the lock: evict unshared retained payloads, else wait, until `size` more bytes fit."""
+        while self._live + size > self.live_limit:
+            if self._evict_one(unshared_only=True):
+                continue
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise PreparationTimeout("waiting for live media memory timed out")
+            self._cond.wait(left)
 
     def _retain(self, key: MediaKey, entry: _Entry) -> None:
         size = entry.media.nbytes

@@ -9,7 +9,9 @@ references for as long as it needs the payloads.
 Budgets per request (`RequestLimits`, any excess -> 400 media_budget_exceeded): acquired source
 bytes, decoded pixels (image pixels; sampled video frames x frame pixels), raw patches and merged
 vision tokens, the latter two from the Vision envelope min(max_context, 32768) tokens
-(4 raw patches each).
+(4 raw patches each). An image is charged from its header (`ninfer.media.image.probe_image`)
+before anything is decoded, and its build holds the decode's transient bytes against the live
+media limit (`MediaCache.hold`); a decode larger than that whole limit is refused at once.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from ninfer.media.cache import MediaCache, MediaCounters, MediaRef, Pending
 from ninfer.media.config import IMAGE, VIDEO, ImageProcessing, PreparedMedia, VideoProcessing
 from ninfer.media.errors import BUDGET_EXCEEDED, INVALID_MEDIA, MediaError
 from ninfer.media.fetch import FetchLimits, fetch_media
-from ninfer.media.image import load_image
+from ninfer.media.image import load_image, probe_image
 from ninfer.media.video import load_video
 
 VISION_TOKEN_ENVELOPE = 32768
@@ -88,9 +91,13 @@ class _Usage:
             raise MediaError(BUDGET_EXCEEDED, f"media sources exceed {self.limits.max_source_bytes} bytes")
 
     def charge_media(self, ref: MediaRef) -> None:
-        m = ref.media
-        self.pixels += m.decoded_pixels
-        self.patches += m.raw_patches
+        """A prepared video's pixels and patches (images are charged from their header)."""
+        if ref.media.modality == VIDEO:
+            self.charge(ref.media.decoded_pixels, ref.media.raw_patches)
+
+    def charge(self, pixels: int, patches: int) -> None:
+        self.pixels += pixels
+        self.patches += patches
         lim = self.limits
         if self.pixels > lim.max_decoded_pixels:
             raise MediaError(BUDGET_EXCEEDED, f"decoded media exceed {lim.max_decoded_pixels} pixels")
@@ -128,7 +135,7 @@ class MediaPreparer:
         try:
             with self.cache.gate(deadline):
                 for item in items:
-                    pending.append(self._start(item, usage, limits, out))
+                    pending.append(self._start(item, usage, limits, out, deadline))
                 out.acquire_seconds = time.perf_counter() - t0
                 while pending:
                     ref = pending.pop(0).result(deadline, out.counters)
@@ -146,17 +153,32 @@ class MediaPreparer:
         out.prepare_seconds = time.perf_counter() - t0
         return out
 
-    def _start(self, item: MediaItem, usage: _Usage, limits: RequestLimits, out: PreparedRequest) -> Pending:
+    def _start(
+        self,
+        item: MediaItem,
+        usage: _Usage,
+        limits: RequestLimits,
+        out: PreparedRequest,
+        deadline: float | None,
+    ) -> Pending:
         if item.modality not in (IMAGE, VIDEO):
             raise MediaError(INVALID_MEDIA, f"unsupported media modality {item.modality!r}")
         fetched = fetch_media(item.url, self.fetch_limits)
         usage.charge_source(len(fetched.data))
         digest = hashlib.sha256(fetched.data).hexdigest()
         data, cap = fetched.data, limits.max_decoded_pixels
+        cfg_i, cache = self.image, self.cache
+
+        def hold(nbytes: int) -> AbstractContextManager[None]:
+            return cache.hold(nbytes, deadline)
+
         if item.modality == IMAGE:
-            cfg_i = self.image
-            return self.cache.start(
-                (digest, IMAGE), lambda: load_image(data, cfg_i, cap, digest), out.counters
+            plan = probe_image(data, cfg_i, cap)
+            usage.charge(plan.decoded_pixels, plan.raw_patches)
+            if (digest, IMAGE) not in cache:
+                cache.check_fits(plan.transient_bytes)
+            return cache.start(
+                (digest, IMAGE), lambda: load_image(data, cfg_i, cap, digest, hold), out.counters
             )
         cfg_v = self.video
-        return self.cache.start((digest, VIDEO), lambda: load_video(data, cfg_v, cap, digest), out.counters)
+        return cache.start((digest, VIDEO), lambda: load_video(data, cfg_v, cap, digest, hold), out.counters)

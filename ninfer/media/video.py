@@ -12,12 +12,18 @@ Follows transformers' `read_video_pyav` + `Qwen3VLVideoProcessor`:
   bicubic, i.e. ``F.interpolate(uint8, mode="bicubic", antialias=True)`` (skipped when the size
   is unchanged); rescale + normalise fused as torchvision does: ``(x - 255*mean) / (255*std)``
   in float32; patchify with the last frame repeated to fill the final temporal patch.
+
+The decode's transient bytes (`video_transient_bytes`: the sampled frames twice, as decoded and
+stacked, plus the preparation working set) are known from the stream's metadata; `load_video`
+holds them (`hold`, e.g. `MediaCache.hold`) before the first frame is decoded.
 """
 
 from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
+from contextlib import ExitStack
 
 import numpy as np
 import torch
@@ -25,6 +31,7 @@ import torch.nn.functional as F
 
 from ninfer.media.config import VIDEO, PreparedMedia, VideoProcessing
 from ninfer.media.errors import BUDGET_EXCEEDED, INVALID_MEDIA, MediaError
+from ninfer.media.image import PREPARE_BYTES_PER_PIXEL, Hold, no_hold
 from ninfer.media.pixels import patchify
 
 
@@ -69,8 +76,18 @@ def frame_timestamps(indices: list[int], fps: float, temporal: int) -> tuple[flo
     return tuple((ts[i] + ts[i + temporal - 1]) / 2 for i in range(0, len(ts), temporal))
 
 
-def decode_video(data: bytes, cfg: VideoProcessing, max_pixels: int) -> tuple[np.ndarray, list[int], float]:
-    """Sampled RGB frames [F, H, W, 3] uint8, the sampled indices and the fps; pixel cap before decoding."""
+def video_transient_bytes(frames: int, width: int, height: int, cfg: VideoProcessing) -> int:
+    """Decode + preparation working set of `frames` sampled frames of `width` x `height`."""
+    pixels = frames * width * height
+    return pixels * 3 * 2 + min(pixels, max(cfg.max_pixels, cfg.min_pixels)) * PREPARE_BYTES_PER_PIXEL
+
+
+def decode_video(
+    data: bytes, cfg: VideoProcessing, max_pixels: int, reserve: Callable[[int], None] = lambda n: None
+) -> tuple[np.ndarray, list[int], float]:
+    """Sampled RGB frames [F, H, W, 3] uint8, the sampled indices and the fps; pixel cap before decoding.
+
+    `reserve(transient_bytes)` is called once the metadata is read, before any frame is decoded."""
     import av
 
     try:
@@ -94,6 +111,7 @@ def decode_video(data: bytes, cfg: VideoProcessing, max_pixels: int) -> tuple[np
             raise MediaError(
                 BUDGET_EXCEEDED, f"{len(indices)} frames of {w}x{h} exceed the decoded-pixel limit"
             )
+        reserve(video_transient_bytes(len(indices), w, h, cfg))
         wanted, last = set(indices.tolist()), int(indices[-1])
         frames = []
         for i, frame in enumerate(container.decode(stream)):
@@ -138,7 +156,11 @@ def prepare_video(
     return PreparedMedia(VIDEO, digest, patches, grid, stamps[: grid[0]], n * height * width)
 
 
-def load_video(data: bytes, cfg: VideoProcessing, max_pixels: int, digest: str = "") -> PreparedMedia:
-    """Decode, sample and prepare one video (the whole per-item build run on the worker pool)."""
-    frames, indices, fps = decode_video(data, cfg, max_pixels)
-    return prepare_video(frames, indices, fps, cfg, digest)
+def load_video(
+    data: bytes, cfg: VideoProcessing, max_pixels: int, digest: str = "", hold: Hold = no_hold
+) -> PreparedMedia:
+    """Decode, sample and prepare one video (the whole per-item build run on the worker pool),
+    holding the transient bytes (`hold`) from the metadata read until the payload exists."""
+    with ExitStack() as held:
+        frames, indices, fps = decode_video(data, cfg, max_pixels, lambda n: held.enter_context(hold(n)))
+        return prepare_video(frames, indices, fps, cfg, digest)

@@ -35,27 +35,32 @@ class CompileCache:
         return self.inductor_files_at_start + self.triton_files_at_start > 0
 
     def report(self, compile_s: float | None = None) -> dict[str, object]:
-        """Files present before start and compiled since; `compile_s` is the caller's measured
-        warm-up / capture time (default: seconds since `setup_compile_cache`). Logged as one line."""
+        """Files present before start and compiled since, logged as one line. `compile_s` is the
+        caller's measured warm-up / capture time; without it no seconds are claimed: the line says
+        that nothing was compiled, or only that files were compiled during startup."""
         ind, tri = count_files(self.inductor_dir), count_files(self.triton_dir)
-        seconds = time.perf_counter() - self.t_start if compile_s is None else compile_s
+        new_ind, new_tri = ind - self.inductor_files_at_start, tri - self.triton_files_at_start
         out: dict[str, object] = {
             "root": str(self.root),
             "warm_at_start": self.warm,
             "inductor_files_at_start": self.inductor_files_at_start,
             "triton_files_at_start": self.triton_files_at_start,
-            "inductor_files_new": ind - self.inductor_files_at_start,
-            "triton_files_new": tri - self.triton_files_at_start,
-            "compile_s": round(seconds, 3),
+            "inductor_files_new": new_ind,
+            "triton_files_new": new_tri,
+            "compile_s": None if compile_s is None else round(compile_s, 3),
         }
+        if compile_s is not None:
+            done = f"{new_ind} + {new_tri} compiled now, {compile_s:.1f} s of warm-up / graph capture"
+        elif new_ind + new_tri:
+            done = f"{new_ind} + {new_tri} compiled during startup (compile time not measured)"
+        else:
+            done = "nothing compiled"
         log.info(
-            "compile cache %s: %d inductor + %d triton files present at start, %d + %d compiled now, %.1f s",
+            "compile cache %s: %d inductor + %d triton files present at start, %s",
             self.root,
             self.inductor_files_at_start,
             self.triton_files_at_start,
-            out["inductor_files_new"],
-            out["triton_files_new"],
-            seconds,
+            done,
         )
         return out
 

@@ -85,6 +85,8 @@ def render_error(resp: falcon.Response, path: str, error: ApiError) -> None:
     resp.data = error.body_bytes(dialect_for_path(path))
     if not error.retryable:
         resp.set_header("x-should-retry", "false")
+    if error.status in (429, 503):
+        resp.set_header("Retry-After", str(error.retry_after_s))
     if error.request_id is not None:
         resp.set_header("x-request-id", str(error.request_id))
 

@@ -105,13 +105,16 @@ class ServiceRuntime:
         from ninfer.artifact import ensure_demo_artifact, open_artifact
         from ninfer.config import check_against_artifact
         from ninfer.frontend.options import ServerDefaults
+        from ninfer.service.compile_cache import setup_compile_cache
         from ninfer.text.tokenizer import Tokenizer
 
-        t0 = time.monotonic()
-        from ninfer.service.compile_cache import setup_compile_cache
-
         cache = setup_compile_cache()  # before torch compiles or loads any kernel
-        path = self.options.artifact or str(ensure_demo_artifact())
+        path = self.options.artifact
+        if path is None:  # the demo: found in the cache dir, or built there now
+            t0 = time.monotonic()
+            path = str(ensure_demo_artifact())
+            logger().info("demo artifact %s ready in %.3fs (found or built)", path, time.monotonic() - t0)
+        t0 = time.monotonic()
         artifact = open_artifact(path)
         logger().info("artifact %s (%s) opened in %.3fs", path, artifact.model_id, time.monotonic() - t0)
         if artifact.synthetic is not None:
@@ -140,7 +143,8 @@ class ServiceRuntime:
         if hasattr(self.engine, "wait_prepared"):  # readiness includes CUDA graph capture
             self.engine.wait_prepared()
         graphs = getattr(getattr(self.engine, "runner", None), "graph_stats", None)
-        self.compile_report = cache.report(compile_s=graphs.capture_s if graphs is not None else None)
+        captured = graphs is not None and bool(graphs.batch_sizes)  # CPU or a failed capture: none
+        self.compile_report = cache.report(compile_s=graphs.capture_s if captured else None)
         config = PipelineConfig(self.options.max_context, self.options.default_max_tokens)
         pipeline = Pipeline(self.engine, prompts, self.recorder, config, self.next_request_id)
         self.ctx.model_id = self.options.model_id or artifact.model_id

@@ -116,6 +116,35 @@ def test_overload_and_queue_timeout(small_model) -> None:
     eng.shutdown(5)
 
 
+def test_queue_timeout_does_not_wait_for_a_long_step(small_model) -> None:
+    """Each step takes 0.8 s; a waiting request's 503 still comes at its 0.3 s deadline (within
+    0.2 s), the engine then drops it from the queue and the running request is unaffected."""
+    eng = make_engine(small_model, max_concurrency=1, max_pending=1, pending_timeout_ms=300)
+    step = eng._step
+
+    def slow_step(plan) -> None:
+        time.sleep(0.8)
+        step(plan)
+
+    eng._step = slow_step
+    h1 = eng.submit(eng.reserve(), _req("long", _prompt(20, 5), max_tokens=4, ignore_eos=True))
+    t2 = eng.reserve()
+    h2 = eng.submit(t2, _req("late", _prompt(20, 6), max_tokens=2))
+    with pytest.raises(QueueTimeout):
+        h2.result(30)
+    late = time.monotonic() - t2.deadline
+    assert 0.0 <= late < 0.2, late
+    h2.close()
+    tokens, last = h1.result(30)
+    assert (len(tokens), last.finish_reason) == (4, "length")
+    h1.close()
+    deadline = time.monotonic() + 5
+    while eng.snapshot().waiting and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert eng.snapshot().waiting == 0 and eng.tickets.live == 0
+    eng.shutdown(5)
+
+
 @pytest.mark.parametrize("reuse", [True, False])
 def test_cancel_mid_prefill_and_mid_decode_frees_everything(small_model, reuse) -> None:
     eng = make_engine(

@@ -1,4 +1,5 @@
-"""`python -m ninfer.service`: invalid configuration exits 2 with one line; log path checks."""
+"""`python -m ninfer.service`: --help prints the settings keys; invalid configuration exits 2 with one
+line; log path checks."""
 
 from __future__ import annotations
 
@@ -20,6 +21,17 @@ def test_invalid_config_exits_2() -> None:
     )
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "max_concurrency" in proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_prints_the_settings_keys_and_exits_0(flag: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ninfer.service", flag], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m ninfer.service [KEY=VALUE ...]")
+    assert "vision.media_live_mib" in proc.stdout and "vision.enabled=true" in proc.stdout
+    assert "engine.max_context" in proc.stdout and proc.stderr == ""
 
 
 def test_request_log_refuses_bad_paths(tmp_path: Path) -> None:

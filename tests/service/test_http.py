@@ -112,6 +112,14 @@ def test_health_models_and_auth(server: Server, demo_cache: Path) -> None:
     assert oa(server).models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):
         oa(server).models.retrieve("other")
+    # the Anthropic SDK (strict response validation) gets Anthropic's ModelInfo shape
+    page = an(server).models.list()
+    assert [(m.type, m.id, m.display_name) for m in page.data] == [("model", MODEL, MODEL)]
+    assert (page.first_id, page.last_id, page.has_more) == (MODEL, MODEL, False)
+    info = an(server).models.retrieve(MODEL)
+    assert info.id == MODEL and info.created_at.tzinfo is not None
+    with pytest.raises(anthropic.NotFoundError):
+        an(server).models.retrieve("other")
     pre = requests.options(
         f"{server.url}/v1/chat/completions",
         headers={"Origin": "http://x.test", "Access-Control-Request-Method": "POST"},
@@ -235,10 +243,20 @@ def test_anthropic_sdk_and_max_tokens(server: Server, ref: Reference) -> None:
         extra_body={"temperature": 0},
         thinking={"type": "disabled"},
     ) as stream:
-        text = "".join(stream.text_stream)
+        events = list(stream)
         final = stream.get_final_message()
+    deltas = [e.delta for e in events if e.type == "content_block_delta"]
+    text = "".join(d.text for d in deltas if d.type == "text_delta")
     assert text == exp.text and final.usage.output_tokens == len(exp.ids)
     assert final.stop_reason == msg.stop_reason
+    # the same prompt again: a prefix hit, reported alike by message_start and message_delta
+    start = next(e for e in events if e.type == "message_start").message.usage
+    end = next(e for e in events if e.type == "message_delta").usage
+    assert start.cache_read_input_tokens > 0
+    assert (start.input_tokens, start.cache_read_input_tokens) == (
+        end.input_tokens,
+        end.cache_read_input_tokens,
+    )
 
     think = ref.greedy(messages, 6)
     parse = think.parse(thinking=True)
@@ -410,15 +428,24 @@ def test_admission_overload_and_queue_timeout(server: Server) -> None:
     over_an = post(
         server, "/v1/messages", {"model": "m", "max_tokens": 4, "messages": CHAT}, {"x-api-key": API_KEY}
     )
+    # a template-option error is the request's own 400 even with no capacity left
+    bad_option = post(
+        server,
+        "/v1/chat/completions",
+        {**long, "stream": False, "chat_template_kwargs": {"enable_thinking": "yes"}},
+    )
     for t in threads:
         t.join(30)
     for r in running:
         r.close()
     assert (over.status_code, over.json()["error"]["code"]) == (429, "server_overloaded"), over.text
     assert over_an.status_code == 429 and over_an.json()["error"]["type"] == "rate_limit_error"
+    assert (bad_option.status_code, bad_option.json()["error"]["code"]) == (400, "invalid_template_option")
     assert [(r.status_code, r.json()["error"]["code"]) for r in waiting] == [
         (503, "request_queue_timeout")
     ] * 2
+    assert [r.headers.get("Retry-After") for r in (over, over_an, *waiting)] == ["1"] * 4
+    assert "Retry-After" not in bad_option.headers
     rejected = wait_event(server, "request_rejected", int(over.headers["x-request-id"]))
     assert rejected["http"]["status"] == 429
     for r in waiting:
