@@ -1,4 +1,5 @@
-"""gunicorn as a library: one gthread worker whose app factory starts the engine on its own thread."""
+"""gunicorn as a library: one `ReaderWorker` (gthread that reads requests whole on its event loop)
+whose app factory starts the engine on its own thread."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ from gunicorn.app.base import BaseApplication
 
 from ninfer.service.console import ConsoleFormatter, logger
 from ninfer.service.options import ServiceOptions
+from ninfer.service.reader_worker import ReaderTimeouts, worker_class
+
+WORKER_CONNECTIONS = 4096  # idle and slow connections cost a descriptor and a buffer, not a thread
+MIN_BUFFER_BUDGET = 256 * 1024 * 1024  # all request bytes buffered before their threads, together
 
 RuntimeFactory = Callable[[], Any]  # -> ServiceRuntime, called inside the worker
 
@@ -50,12 +55,20 @@ class NinferApplication(BaseApplication):
         values: dict[str, Any] = {
             "bind": [f"{opts.host}:{opts.port}"],
             "workers": 1,
-            "worker_class": "gthread",
+            "worker_class": worker_class(
+                ReaderTimeouts(
+                    header_s=opts.header_timeout_s,
+                    body_s=opts.body_timeout_s,
+                    max_body_bytes=opts.max_request_bytes,
+                    buffer_budget=max(MIN_BUFFER_BUDGET, 2 * opts.max_request_bytes),
+                )
+            ),
             "threads": opts.threads,
+            "worker_connections": WORKER_CONNECTIONS,
             "preload_app": False,
             "timeout": 60,
             "graceful_timeout": int(opts.drain_timeout_s) + 5,
-            "keepalive": 5,
+            "keepalive": opts.keepalive_s,
             "max_requests": 0,
             "accesslog": None,
             "errorlog": "-",
