@@ -4,7 +4,9 @@ whose app factory starts the engine on its own thread."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +31,16 @@ class ConsoleLogger(glogging.Logger):
         super().setup(cfg)
         for handler in self.error_log.handlers:
             handler.setFormatter(ConsoleFormatter())
+
+
+WORKER_BOOT_ERROR = 3  # gunicorn's arbiter halts (and exits 3) when its worker exits with this
+
+
+def _exit_boot_error() -> None:
+    """The loader failed: end the worker at once; the arbiter stops the server and frees the port."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(WORKER_BOOT_ERROR)
 
 
 def _post_worker_init(worker: Any) -> None:
@@ -92,6 +104,7 @@ class NinferApplication(BaseApplication):
 
         runtime = self.runtime_factory()
         self.runtime = runtime
+        runtime.on_failed = _exit_boot_error
         runtime.start()
         opts = self.options
         app = create_app(
