@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import HERE, MODEL, Server, start_server, stop_server
+from conftest import API_KEY, HERE, MODEL, ROOT, Server, start_server, stop_server
 
 HEADER_S, BODY_S, KEEPALIVE_S = 5.0, 3.0, 5
 SLACK_S = 2.5  # deadline sweep, the loaded test machine
@@ -36,6 +37,7 @@ def slow_server(tmp_path_factory: pytest.TempPathFactory, demo_cache: Path) -> I
             f"server.body_timeout_s={BODY_S}",
             f"server.keepalive_s={KEEPALIVE_S}",
             "server.max_request_mib=1",
+            "logging.log_stats_interval_ms=200",
         ],
         demo_cache,
         command=[sys.executable, str(HERE / "serve_fake.py")],
@@ -171,3 +173,28 @@ def test_pipelined_and_keep_alive_requests_still_work(slow_server: Server) -> No
         assert chunk, data
         data += chunk
     sock.close()
+
+
+def test_short_soak_leaves_the_server_idle(slow_server: Server) -> None:
+    """ops/soak/soak.py for 15 s: every attack runs, the good client is served, the server settles."""
+    argv = [
+        sys.executable,
+        str(ROOT / "ops" / "soak" / "soak.py"),
+        f"--url={slow_server.url}",
+        f"--api-key={API_KEY}",
+        "--duration-s=15",
+        f"--pid={slow_server.proc.pid}",
+        f"--request-log={slow_server.log_path}",
+        "--min-success=0.8",
+        # a 2000-deep JSON body is answered 500 (RecursionError in body parsing), which the
+        # request-parsing work of the same issue fixes; the soak reports it until then
+        "--skip-input=deep_nesting",
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0 and report["failures"] == [], proc.stdout[-3000:]
+    assert report["settle"]["scheduler"]["live_tickets"] == 0
+    assert {"slow_headers", "slow_body", "idle", "disconnects", "bursts", "bad_inputs"} <= set(
+        report["attacks"]
+    )
+    assert all(report["rss_kib"]["after"].values())
