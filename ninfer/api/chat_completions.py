@@ -119,7 +119,7 @@ class ChatCompletionsResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         pipeline = self.ctx.require_pipeline()
         request = chat_request.parse(parse_body(req.context.body), self.ctx)
-        gen = pipeline.open(request.job)
+        gen = pipeline.open(request.job, getattr(req.context, "client_gone", None))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         model = self.ctx.model_id or request.model

@@ -143,7 +143,7 @@ class MessagesResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         pipeline = self.ctx.require_pipeline()
         request = messages_request.parse(parse_body(req.context.body), self.ctx)
-        gen = pipeline.open(request.job)
+        gen = pipeline.open(request.job, getattr(req.context, "client_gone", None))
         mid = f"msg_{uuid.uuid4().hex}"
         resp.set_header("x-request-id", str(gen.request_id))
         if request.job.stream:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -23,6 +24,17 @@ from ninfer.engine.api import (
 from ninfer.frontend.parser import ParseResult
 
 CANCEL_WAIT_S = 10.0  # bound on waiting for the engine to acknowledge a cancellation
+WATCH_S = 0.2  # how often a request waiting on the engine checks that its client is still there
+
+ClientProbe = Callable[[], bool]  # True once the client has closed its connection
+
+
+class ClientDisconnected(ApiError):
+    """The client went away while its request waited on the engine; the request is cancelled
+    (reported as finished `cancelled`, like a stream whose client disconnected)."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "client_disconnected", "the client closed the connection before the answer")
 
 
 @dataclass(frozen=True)
@@ -85,11 +97,12 @@ class Pipeline:
         prepared.release_media()  # counting needs only the grids
         return len(prepared.token_ids)
 
-    def open(self, job: GenerationJob) -> Generation:
+    def open(self, job: GenerationJob, client_gone: ClientProbe | None = None) -> Generation:
         """Reserve, prepare and submit; raise ApiError (with an HTTP status) on any synchronous failure.
 
         Returns once the first engine output is available, so admission failures still get a
-        real status code instead of an in-band stream error.
+        real status code instead of an in-band stream error. With `client_gone`, every wait on the
+        engine checks the client every WATCH_S and cancels the request once it has gone.
         """
         request_id = self._next_id()
         t0 = time.monotonic()
@@ -130,7 +143,7 @@ class Pipeline:
             self.observer.rejected(request_id, job, error, time.monotonic() - t0)
             raise error from exc
         self.observer.started(request_id, job, prepared, request, handle.stats)
-        gen = Generation(request_id, job, prepared, handle, ticket, decoder, self)
+        gen = Generation(request_id, job, prepared, handle, ticket, decoder, self, client_gone)
         gen.prepare_s = time.monotonic() - t0
         gen.prime()
         return gen
@@ -148,6 +161,7 @@ class Generation:
         ticket: Ticket,
         decoder: OutputDecoder,
         pipeline: Pipeline,
+        client_gone: ClientProbe | None = None,
     ) -> None:
         self.request_id = request_id
         self.job = job
@@ -158,6 +172,7 @@ class Generation:
         self._ticket = ticket
         self._decoder = decoder
         self._pipeline = pipeline
+        self._client_gone = client_gone
         self._outputs: Iterator[StepOutput] = iter(handle)
         self._first: StepOutput | None = None
         self._completion_ids: list[int] = []
@@ -169,26 +184,43 @@ class Generation:
     def prime(self) -> None:
         """Wait for the first output; on failure close the request and raise its HTTP error."""
         try:
-            self._first = next(self._outputs)
+            self._first = self._next()
         except StopIteration:
             self._first = StepOutput((), "error", error="engine ended the request without output")
+        except ClientDisconnected:
+            self.close()
+            raise
         except BaseException as exc:
             self._error = engine_error(exc)
             self._error.request_id = self.request_id
             self.close()
             raise self._error from exc
 
+    def _next(self) -> StepOutput:
+        """The next engine output (StopIteration after the last); raises ClientDisconnected once
+        the client is gone while waiting for it."""
+        if self._client_gone is None:
+            return next(self._outputs)
+        while True:
+            self._handle.timeout_s = WATCH_S
+            try:
+                return next(iter(self._handle))  # every iter() continues where the last one stopped
+            except queue.Empty:
+                if self._client_gone():
+                    raise ClientDisconnected() from None
+
     def _steps(self) -> Iterator[StepOutput]:
         if self._first is not None:
             first, self._first = self._first, None
             yield first
-        yield from self._outputs
+        while not self._handle.finished:
+            yield self._next()
 
     def events(self) -> Iterator[Event]:
         """Parsed events in order, ending with one `Finished`; raises ApiError on a generation failure."""
         try:
             yield from self._run()
-        except GeneratorExit:
+        except (GeneratorExit, ClientDisconnected):
             raise
         except BaseException as exc:
             self._error = engine_error(exc)

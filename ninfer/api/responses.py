@@ -19,7 +19,7 @@ class ResponsesResource:
         self.service = service
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        self.service.create(parse_body(req.context.body), resp)
+        self.service.create(parse_body(req.context.body), resp, getattr(req.context, "client_gone", None))
 
 
 class ResponseResource:

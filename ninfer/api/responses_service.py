@@ -12,7 +12,7 @@ from ninfer.api import sse
 from ninfer.api.context import ApiContext
 from ninfer.api.errors import ApiError, invalid
 from ninfer.api.events import Finished, GenerationJob
-from ninfer.api.pipeline import Generation
+from ninfer.api.pipeline import ClientProbe, Generation
 from ninfer.api.response_store import ResponseStore, StoredResponse, make_record
 from ninfer.api.responses_items import item_ids, media_count, new_id, to_messages
 from ninfer.api.responses_object import Envelope
@@ -115,7 +115,9 @@ class ResponsesService:
             )
             self.store.put(record)
 
-    def create(self, body: dict[str, Any], resp: falcon.Response) -> None:
+    def create(
+        self, body: dict[str, Any], resp: falcon.Response, client_gone: ClientProbe | None = None
+    ) -> None:
         pipeline = self.ctx.require_pipeline()
         request = parse_create(body, self.ctx.vision)
         self.ctx.check_model(request.model)
@@ -127,7 +129,7 @@ class ResponsesService:
                 envelope.id, envelope.body("in_progress"), request.input_items, [], False, parent
             )
             self.store.check_fits(empty.nbytes)
-        gen = pipeline.open(job)
+        gen = pipeline.open(job, client_gone)
         prepared = gen.prepared
         if request.effort is None:
             envelope.reasoning_effort = prepared.effort if prepared.thinking else "none"

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import falcon
 
 from ninfer.api.context import ApiContext
+from ninfer.service.disconnect import ClientWatch
 from ninfer.service.middleware import ApiKeyAuth, BodyLimit, install_error_handlers
 
 # Protocol adapters; each module exposes `routes(ctx) -> [(path, resource)]`. A module that is not
@@ -56,6 +57,7 @@ def create_app(
     if api_key:
         middleware.append(ApiKeyAuth(api_key))
     middleware.append(BodyLimit(max_request_bytes))
+    middleware.append(ClientWatch())
     app = falcon.App(middleware=middleware, cors_enable=cors)
     app.req_options.strip_url_path_trailing_slash = True
     install_error_handlers(app)

@@ -12,6 +12,7 @@ from ninfer.service.request_log import RequestLog, RequestLogError, new_server_i
 from ninfer.service.telemetry import TelemetryError, make_exporter
 
 EXIT_STARTUP = 1
+EXIT_USAGE = 2  # settings the artifact cannot honour, an artifact that cannot be opened
 
 
 def preflight(options: ServiceOptions) -> None:
@@ -20,22 +21,48 @@ def preflight(options: ServiceOptions) -> None:
     make_exporter(options.trace_exporter, options.otlp_endpoint)
 
 
+def check_artifact(settings: Any, options: ServiceOptions) -> None:
+    """Open the artifact (manifest and headers; no weights are read) and refuse every setting it
+    cannot honour, before the port is bound: the worker would otherwise fail after it."""
+    from ninfer.artifact import ensure_demo_artifact, open_artifact
+    from ninfer.config import check_against_artifact
+
+    artifact = open_artifact(options.artifact or str(ensure_demo_artifact()))
+    check_against_artifact(
+        settings,
+        artifact.family,
+        has_mtp=artifact.has_component("mtp"),
+        has_vision=artifact.has_component("vision"),
+        max_position_embeddings=artifact.config.max_position_embeddings,
+    )
+
+
 def serve(
     settings: Any, argv: Sequence[str] | None = None, engine_factory: Callable[..., Any] | None = None
 ) -> None:
-    """Serve until SIGTERM/SIGINT; exits 1 with one line when startup checks fail."""
+    """Serve until SIGTERM/SIGINT. Exits 2 with one line when the artifact cannot honour the
+    settings, 1 when the log or exporter is unusable; a worker that fails before it is ready
+    stops the server (gunicorn exits 3)."""
+    from ninfer.artifact.reader import ArtifactError
+    from ninfer.config.errors import ConfigError
     from ninfer.service.gunicorn_app import NinferApplication
     from ninfer.service.runtime import ServiceRuntime, default_engine_factory
 
     options = from_settings(settings)
     console.setup(options.log_level)
+    args = list(sys.argv if argv is None else argv)
+    prog = args[0] if args else "ninfer"
     try:
         preflight(options)
     except (RequestLogError, TelemetryError) as exc:
-        print(f"ninfer: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_STARTUP) from None
+    try:
+        check_artifact(settings, options)
+    except (ConfigError, ArtifactError) as exc:
+        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
     instance_id = new_server_instance_id()
-    args = list(sys.argv if argv is None else argv)
 
     def runtime_factory() -> ServiceRuntime:
         return ServiceRuntime(settings, options, instance_id, args, engine_factory or default_engine_factory)

@@ -1,9 +1,12 @@
-"""gunicorn as a library: one gthread worker whose app factory starts the engine on its own thread."""
+"""gunicorn as a library: one `ReaderWorker` (gthread that reads requests whole on its event loop)
+whose app factory starts the engine on its own thread."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +16,10 @@ from gunicorn.app.base import BaseApplication
 
 from ninfer.service.console import ConsoleFormatter, logger
 from ninfer.service.options import ServiceOptions
+from ninfer.service.reader_worker import ReaderTimeouts, worker_class
+
+WORKER_CONNECTIONS = 4096  # idle and slow connections cost a descriptor and a buffer, not a thread
+MIN_BUFFER_BUDGET = 256 * 1024 * 1024  # all request bytes buffered before their threads, together
 
 RuntimeFactory = Callable[[], Any]  # -> ServiceRuntime, called inside the worker
 
@@ -24,6 +31,16 @@ class ConsoleLogger(glogging.Logger):
         super().setup(cfg)
         for handler in self.error_log.handlers:
             handler.setFormatter(ConsoleFormatter())
+
+
+WORKER_BOOT_ERROR = 3  # gunicorn's arbiter halts (and exits 3) when its worker exits with this
+
+
+def _exit_boot_error() -> None:
+    """The loader failed: end the worker at once; the arbiter stops the server and frees the port."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(WORKER_BOOT_ERROR)
 
 
 def _post_worker_init(worker: Any) -> None:
@@ -50,12 +67,20 @@ class NinferApplication(BaseApplication):
         values: dict[str, Any] = {
             "bind": [f"{opts.host}:{opts.port}"],
             "workers": 1,
-            "worker_class": "gthread",
+            "worker_class": worker_class(
+                ReaderTimeouts(
+                    header_s=opts.header_timeout_s,
+                    body_s=opts.body_timeout_s,
+                    max_body_bytes=opts.max_request_bytes,
+                    buffer_budget=max(MIN_BUFFER_BUDGET, 2 * opts.max_request_bytes),
+                )
+            ),
             "threads": opts.threads,
+            "worker_connections": WORKER_CONNECTIONS,
             "preload_app": False,
             "timeout": 60,
             "graceful_timeout": int(opts.drain_timeout_s) + 5,
-            "keepalive": 5,
+            "keepalive": opts.keepalive_s,
             "max_requests": 0,
             "accesslog": None,
             "errorlog": "-",
@@ -79,6 +104,7 @@ class NinferApplication(BaseApplication):
 
         runtime = self.runtime_factory()
         self.runtime = runtime
+        runtime.on_failed = _exit_boot_error
         runtime.start()
         opts = self.options
         app = create_app(

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 # Threads beyond max_concurrency + max_pending for /health, /v1/models, errors and rejections.
-THREAD_HEADROOM = 8
+# Requests reach a thread only once fully read (`reader_worker`), so these are never held by
+# slow or idle clients.
+THREAD_HEADROOM = 16
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class ServiceOptions:
     drain_timeout_s: float = 30.0
     response_store_max_records: int = 1024
     response_store_max_mib: int = 256
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keepalive_s: int = 5
 
     @property
     def threads(self) -> int:
@@ -78,4 +83,7 @@ def from_settings(settings: Any) -> ServiceOptions:
         drain_timeout_s=float(_get(server, "drain_timeout_s", 30.0)),
         response_store_max_records=int(_get(server, "response_store_max_records", 1024)),
         response_store_max_mib=int(_get(server, "response_store_max_mib", 256)),
+        header_timeout_s=float(_get(server, "header_timeout_s", 10.0)),
+        body_timeout_s=float(_get(server, "body_timeout_s", 60.0)),
+        keepalive_s=int(_get(server, "keepalive_s", 5)),
     )

@@ -71,6 +71,7 @@ class ServiceRuntime:
         self._drain_lock = threading.Lock()
         self._drained = False
         self._closed = False
+        self.on_failed: Callable[[], None] | None = None  # a failed load ends the process (gunicorn_app)
 
     def next_request_id(self) -> int:
         with self._id_lock:
@@ -99,6 +100,9 @@ class ServiceRuntime:
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
             logger().exception("startup failed")
+            if self.on_failed is not None:  # never a server that stays up without a model
+                self.log.close()
+                self.on_failed()
 
     def _load_inner(self) -> None:
         from ninfer.api.prompting import FrontendPrompts

@@ -4,6 +4,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# this checkout's ninfer, not whichever one the environment has installed
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
 
 from fake_engine import FakeEngine
 
