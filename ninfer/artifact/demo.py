@@ -12,8 +12,10 @@ import torch
 from ninfer.artifact import registry
 from ninfer.artifact.errors import ArtifactError
 from ninfer.artifact.manifest import MANIFEST, ArtifactIdentity
+from ninfer.artifact.released import RELEASED_GENERATION
 from ninfer.artifact.shapes import mtp_shapes, text_shapes
-from ninfer.artifact.writer import ArtifactWriter, generation_json
+from ninfer.artifact.synth import write_model_files
+from ninfer.artifact.writer import ArtifactWriter
 from ninfer.model.config import FULL, LINEAR, TextConfig
 
 DEMO_REVISION = 1  # bump when the recipe below changes (part of the cache name)
@@ -48,7 +50,7 @@ DEMO_HF_CONFIG: dict[str, Any] = {
     "mtp_num_hidden_layers": 1,
     "tie_word_embeddings": False,
 }
-DEMO_GENERATION_CONFIG = {"bos_token_id": 248044, "eos_token_id": [248046, 248044], "pad_token_id": 248044}
+DEMO_GENERATION_CONFIG = RELEASED_GENERATION
 
 
 def demo_config() -> TextConfig:
@@ -72,8 +74,6 @@ def _random(name: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tens
 
 def build_demo(out: str | Path, *, seed: int = 0, force: bool = False) -> Path:
     """Write the demo artifact to `out` deterministically (same seed -> same files and digests)."""
-    from ninfer.artifact.convert import write_tokenizer
-    from ninfer.templates import read_template
 
     config = demo_config()
     ident = registry.lookup(registry.DEMO_ID)
@@ -83,11 +83,7 @@ def build_demo(out: str | Path, *, seed: int = 0, force: bool = False) -> Path:
         for comp, shapes in (("text", text_shapes(config)), ("mtp", mtp_shapes(config))):
             for name, shape in shapes.items():
                 writer.component(comp).add(name, _random(name, shape, g))
-        writer.write_json("config.json", config.to_dict())
-        gen = {**DEMO_GENERATION_CONFIG, "do_sample": True, **ident.thinking}
-        writer.write_json("generation.json", generation_json(config.eos_token_ids, gen))
-        writer.write_text("frontend/chat_template.jinja", read_template(ident.template))
-        write_tokenizer(writer, None)
+        write_model_files(writer, config, ident)
         identity = ArtifactIdentity(
             model_id=ident.model_id,
             family=config.family,

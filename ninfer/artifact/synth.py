@@ -25,6 +25,8 @@ from ninfer.model.config import TextConfig
 if TYPE_CHECKING:
     import torch
 
+    from ninfer.artifact.writer import ArtifactWriter
+
 SYNTHETIC_KEY = "synthetic_weights"  # manifest.json top-level key: {"seed": int, "dtype": str}
 WEIGHT_DTYPE = "BF16"  # the released checkpoints' dtype (A_log is F32 there too)
 _NBYTES = {"BF16": 2, "F32": 4}
@@ -84,9 +86,7 @@ def write_synthetic(
 ) -> Path:
     """Write an artifact of `config` without weight files: its text (and MTP) tensors are drawn
     from `seed` when loaded. `ident` gives the model id, template and sampler preset."""
-    from ninfer.artifact.convert import write_tokenizer
-    from ninfer.artifact.writer import ArtifactWriter, generation_json
-    from ninfer.templates import read_template
+    from ninfer.artifact.writer import ArtifactWriter
 
     components: dict[str, Component] = {}
     for comp in ("text", "mtp"):
@@ -95,11 +95,7 @@ def write_synthetic(
             nbytes = sum(i.nbytes for i in headers.values())
             components[comp] = Component(files=(), tensor_count=len(headers), bytes=nbytes)
     with ArtifactWriter(Path(out), overwrite=force) as writer:
-        writer.write_json("config.json", config.to_dict())
-        gen = {**RELEASED_GENERATION, "do_sample": True, **ident.thinking}
-        writer.write_json("generation.json", generation_json(config.eos_token_ids, gen))
-        writer.write_text("frontend/chat_template.jinja", read_template(ident.template))
-        write_tokenizer(writer, None)
+        write_model_files(writer, config, ident)
         identity = ArtifactIdentity(
             model_id=ident.model_id,
             family=config.family,
@@ -109,6 +105,20 @@ def write_synthetic(
         return writer.finish(
             identity, synthetic=components, extra={SYNTHETIC_KEY: {"seed": seed, "dtype": "bfloat16"}}
         )
+
+
+def write_model_files(writer: ArtifactWriter, config: TextConfig, ident: registry.Identity) -> None:
+    """config.json, generation.json (the released stop ids, `ident`'s thinking preset), the
+    registered chat template and the tokenizer built from the public BPE ranks."""
+    from ninfer.artifact.convert import write_tokenizer
+    from ninfer.artifact.writer import generation_json
+    from ninfer.templates import read_template
+
+    writer.write_json("config.json", config.to_dict())
+    gen = {**RELEASED_GENERATION, "do_sample": True, **ident.thinking}
+    writer.write_json("generation.json", generation_json(config.eos_token_ids, gen))
+    writer.write_text("frontend/chat_template.jinja", read_template(ident.template))
+    write_tokenizer(writer, None)
 
 
 def synthetic_headers(config: TextConfig, component: str) -> dict[str, TensorInfo]:
