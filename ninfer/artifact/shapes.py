@@ -67,7 +67,7 @@ def _layer(c: TextConfig, p: str, full: bool) -> dict[str, Shape]:
 
 
 def text_shapes(c: TextConfig) -> dict[str, Shape]:
-    """Every tensor of the `text` component with its shape (model-reference §5, without `language_model.`)."""
+    """Every tensor of the `text` component with its shape (canonical names: without `language_model.`)."""
     h = c.hidden_size
     out: dict[str, Shape] = {"model.embed_tokens.weight": (c.vocab_size, h)}
     for i, kind in enumerate(c.layer_types):
@@ -78,7 +78,7 @@ def text_shapes(c: TextConfig) -> dict[str, Shape]:
 
 
 def mtp_shapes(c: TextConfig) -> dict[str, Shape]:
-    """Every tensor of the `mtp` component (model-reference §4); empty when the config has no MTP layer."""
+    """Every tensor of the `mtp` component; empty when the config has no MTP layer."""
     if c.mtp_num_hidden_layers <= 0:
         return {}
     h = c.hidden_size

@@ -47,10 +47,6 @@ class StopChecker:
         self._text = ""  # all decoded text so far
         self._emitted = 0  # characters of _text already returned as visible
 
-    @property
-    def has_text(self) -> bool:
-        return self.detok is not None
-
     def push(self, token: int) -> tuple[str | None, StopHit | None]:
         """Returns (visible text delta or None without a detokenizer, stop hit or None)."""
         if token in self.stop_token_ids:

@@ -14,7 +14,7 @@ VIDEO = "video"
 
 @dataclass(frozen=True)
 class ImageProcessing:
-    """`Qwen2VLImageProcessor` parameters as released with Qwen3.5/3.6 (model-reference §6.1)."""
+    """`Qwen2VLImageProcessor` parameters as released with Qwen3.5/3.6 (their preprocessor_config.json)."""
 
     patch_size: int = 16
     temporal_patch_size: int = 2

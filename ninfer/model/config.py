@@ -28,7 +28,7 @@ class UnknownArchitectureError(ValueError):
 
 @dataclass(frozen=True)
 class TextConfig:
-    """Shapes and constants of the hybrid GDN + gated-attention text model (model-reference §2)."""
+    """Shapes and constants of the hybrid GDN + gated-attention text model."""
 
     family: str  # DENSE or MOE
     vocab_size: int

@@ -1,4 +1,4 @@
-"""The DFlash block drafter (kernels-notes §3.1): a small Qwen3-style stack conditioned on target features."""
+"""The DFlash block drafter: a small Qwen3-style stack conditioned on target features."""
 
 from __future__ import annotations
 

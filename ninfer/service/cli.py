@@ -13,7 +13,6 @@ from ninfer.config.options import BY_KEY, CONTRACT_OPTIONS, EXTRA_OPTIONS, Optio
 
 PROG = "ninfer-serve"
 EXIT_USAGE = 2  # invalid flags or settings
-EXIT_UNAVAILABLE = 1
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -119,17 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.check_config:
         print(json.dumps(settings.redacted_dump(), indent=2))
         return 0
-    try:
-        from ninfer.service.app_main import serve
-    except ImportError as exc:
-        # only the server module or its serve() being absent is reported; a missing dependency raises
-        if exc.name != "ninfer.service.app_main":
-            raise
-        print(
-            f"{PROG}: error: the HTTP server (ninfer.service.app_main.serve) is not part of this build yet",
-            file=sys.stderr,
-        )
-        return EXIT_UNAVAILABLE
+    from ninfer.service.app_main import serve
+
     serve(settings, [PROG, *args])
     return 0
 

@@ -38,7 +38,7 @@ NON_SPECIAL_ADDED = frozenset(
     }
 )
 
-# Ids fixed by the released checkpoints (model-reference §2.5); checked against the package.
+# Ids fixed by the released checkpoints (their tokenizer and generation configs); checked against the package.
 EXPECTED_IDS = {
     "<|endoftext|>": 248044,
     "<|im_start|>": 248045,

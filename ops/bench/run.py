@@ -7,7 +7,7 @@ Usage (from the repository root):
         [--spec-ks 3 --spec-acceptance 100 --spec-batches 1]   # narrow the speculative rows
     python ops/bench/run.py --smoke --out /tmp/x     # tiny models on the CPU, every section, seconds
 
-Per model (model-reference §2.5 shapes; `shapes.py`): bf16 weights drawn on the device, the fast
+Per model (the released shapes, `ninfer/artifact/released.py`): bf16 weights drawn on the device, the fast
 path's logits against the reference path judged by the reference's own noise (`fast_path.py`),
 then through the engine (`engine_runs.py`): decode tokens/s at batch 1..8 at 4k context (CUDA
 graphs), eager batch 1 with a one-step profile, TTFT at 512 / 4k / 16k, 8k prefill tokens/s and

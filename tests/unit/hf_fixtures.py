@@ -18,7 +18,7 @@ from ``torch.Generator().manual_seed(seed)``: projections and 1+w norm offsets N
 the GDN gated-norm weight and ``dt_bias`` 1 + N(0, init_std), ``A_log`` = log U(1, 16).
 ``A_log`` stays float32 whatever ``dtype`` is (as in the released checkpoints).
 
-``with_mtp`` adds the MTP head (model-reference §4): ``mtp.fc.weight`` (H, 2H), the three MTP
+``with_mtp`` adds the MTP head: ``mtp.fc.weight`` (H, 2H), the three MTP
 norms and ``mtp.layers.0.*`` = one full-attention decoder layer with the model's FFN type, in the
 last weight file (or in a separate ``mtp.safetensors`` that the index does not name), and sets
 ``mtp_num_hidden_layers: 1`` in the config. ``per_expert_keys`` rewrites the fused MoE experts as

@@ -16,7 +16,7 @@ NO_THINK = dict(temperature=0.7, top_p=0.80, top_k=20, min_p=0.0, presence_penal
 THINK_35B = dict(temperature=1.0, top_p=0.95, top_k=20, min_p=0.0, presence_penalty=1.5)
 OFF = dict(frequency_penalty=0.0, repetition_penalty=1.0)
 
-# text_config of the released checkpoints (model-reference §2.5)
+# text_config of the released checkpoints
 HF_27B: dict[str, Any] = {
     "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 5120, "num_hidden_layers": 64,
     "intermediate_size": 17408, "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256,

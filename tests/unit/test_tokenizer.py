@@ -15,7 +15,7 @@ from corpus_gen import SPECIALS, corpus_chunks, token_soup
 from ninfer.text import builder
 from ninfer.text.builder import cached_tokenizer_json
 
-# model-reference §2.5
+# the released checkpoints' special-token ids
 SPEC_IDS = {
     "<|endoftext|>": 248044,
     "<|im_start|>": 248045,

@@ -52,7 +52,7 @@ def _hf_positions(hf, ids: list[int], images, videos):
 
 
 def test_worked_example(hf) -> None:
-    """model-reference §6.4: 3 text, vision_start, image (1,4,6), vision_end, 2 text."""
+    """3 text, vision_start, image (1,4,6), vision_end, 2 text."""
     ids = [1, 2, 3, VS] + [IMG] * 6 + [VE, 4, 5]
     pos, delta = build_mm_positions(ids, [(1, 4, 6)])
     expect = [

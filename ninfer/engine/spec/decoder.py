@@ -1,7 +1,7 @@
 """One speculative decode round for every decode-ready request: draft -> verify -> accept, then the
 state fix-up once the engine knows how many tokens each row committed.
 
-GDN state rollback is "one slot per draft position" (kernels-notes §2.1): each lane owns k scratch
+GDN state rollback is "one slot per draft position": each lane owns k scratch
 slots besides its live slot. Verification feeds the k+1 tokens [t_last, d_1..d_k] reading the live
 slot and writes the state after input t (t = 0..k-1) into scratch[t] and the state after input k
 into the live slot (`ForwardBatch.write_slots`). The Triton gdn_step / conv_step kernels load each

@@ -1,5 +1,5 @@
 """The DFlash drafter in the engine: per-request context K/V from the target's captured layer outputs,
-one non-causal draft forward over [anchor, MASK x k] per round (kernels-notes §3.2).
+one non-causal draft forward over [anchor, MASK x k] per round.
 
 Context K/V: every token the target ran and whose state is kept (prefill chunks, plain steps, the
 committed prefix of a verify round) gets, in each draft layer, K/V projected from

@@ -1,6 +1,6 @@
 """The MTP drafter: the artifact's one MTP layer applied recursively, with its own one-layer KV pool.
 
-Pairing (model-reference §4): MTP row i = (token i+1, position i, trunk hidden i). The MTP KV pool
+Pairing: MTP row i = (token i+1, position i, trunk hidden i). The MTP KV pool
 has as many pages as the trunk's and is indexed by the request's own page ids, so it is retained,
 reused and freed together with the trunk's KV (no allocator of its own).
 
