@@ -111,6 +111,7 @@ class Engine:
             graph_segments=config.graph_segments or default_graph_segments(self.text_config),
             spec=self.spec,
             media=self.media,
+            prefill_buckets=config.prefill_graph_buckets,
         )
         self.tickets = TicketBook(
             config.max_concurrency + config.max_pending, config.pending_timeout_ms / 1000

@@ -155,6 +155,9 @@ class GraphStats:
     verify_batch_sizes: tuple[int, ...] = ()
     verify_capture_s: float = 0.0
     verify_pool_bytes: int = 0
+    prefill_buckets: tuple[int, ...] = ()  # one-row prefill graphs of q tokens (see DecodeGraphs)
+    prefill_capture_s: float = 0.0
+    prefill_error: str | None = None  # why the prefill graphs are off (decode graphs unaffected)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -165,7 +168,12 @@ class DecodeGraphs:
     speculative verification of q = k + 1 tokens whose GDN state after each token goes to the
     packed `write_slots`. All share one memory pool; inputs are one packed int64 buffer per key,
     filled by one copy; outputs (hidden, float32 logits, in-graph argmax) land in static buffers
-    per q, so an all-greedy batch reads only B*q ints back."""
+    per q, so an all-greedy batch reads only B*q ints back.
+
+    `prefill_buckets`: one-row graphs of q tokens with per-token state writes (the verify form),
+    for short prompt chunks padded to the bucket: the state is written only after the last real
+    token, so a short prefill is one weight-bound replay instead of an eager, launch-bound
+    forward. Their capture failing leaves them off and the decode graphs as they are."""
 
     def __init__(
         self,
@@ -179,9 +187,11 @@ class DecodeGraphs:
         backend: CaptureBackend,
         verify_q: int | None = None,
         install_cut: InstallCut | None = None,
+        prefill_buckets: Iterable[int] = (),
     ) -> None:
         if verify_q is not None and verify_q < 2:
             raise ValueError(f"verify_q must be at least 2, got {verify_q}")
+        self.prefill_buckets = tuple(sorted({q for q in prefill_buckets if q >= 2}))
         self.step, self.max_batch, self.max_pages = step, max_batch, max_pages
         self.vocab, self.hidden_size, self.dtype = vocab, hidden_size, dtype
         self.device, self.backend = device, backend
@@ -224,6 +234,7 @@ class DecodeGraphs:
             return GraphStats((), time.perf_counter() - t_all, 0, err, self.verify_q)
         sizes_t = tuple(sorted(order))
         stats = GraphStats(sizes_t, *done[1])
+        self._capture_prefill(pool, stats)
         if self.verify_q is not None:
             vs, vb = done[self.verify_q]
             stats.verify_q, stats.verify_batch_sizes = self.verify_q, sizes_t
@@ -240,8 +251,26 @@ class DecodeGraphs:
         )
         return stats
 
-    def _output_buffers(self, q: int) -> StepOut:
-        bmax, dev = self.max_batch, self.device
+    def _capture_prefill(self, pool: object, stats: GraphStats) -> None:
+        """The one-row prefill buckets, largest first; a failure drops them alone."""
+        t0 = time.perf_counter()
+        buckets = [q for q in reversed(self.prefill_buckets) if not self.has(1, q)]
+        try:
+            for q in buckets:
+                self.outputs.setdefault(q, self._output_buffers(q, rows=1))
+                self._capture_one(1, q, pool)
+        except Exception as exc:
+            for q in buckets:
+                self._replay.pop((1, q), None)
+                self.static.pop((1, q), None)
+            stats.prefill_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            log.warning("prefill graphs disabled, short prefills run eagerly: %s", stats.prefill_error)
+            return
+        stats.prefill_buckets = tuple(q for q in self.prefill_buckets if self.has(1, q))
+        stats.prefill_capture_s = time.perf_counter() - t0
+
+    def _output_buffers(self, q: int, rows: int | None = None) -> StepOut:
+        bmax, dev = rows or self.max_batch, self.device
         return StepOut(
             hidden=torch.zeros(bmax, q, self.hidden_size, dtype=self.dtype, device=dev),  # [Bmax, q, H]
             logits=torch.zeros(bmax, q, self.vocab, dtype=torch.float32, device=dev),  # [Bmax, q, V]

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ninfer.engine.graphs import CaptureBackend, CudaCapture, DecodeGraphs, GraphStats, InstallCut, StepFn
+from ninfer.engine.pages import pages_for
 from ninfer.engine.plan import DecodePlan, PrefillPlan, SlotOp, StepPlan, StepResult
 from ninfer.engine.sampler import check_drawn, sample_rows, sample_rows_device
 from ninfer.engine.step_io import StepOut, StepRows, host_buffer, pack, pack_rows, packed_len, unpack
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from ninfer.engine.spec.decoder import SpecDecoder
 
 
+SMALL_MOE_TOKENS, SMALL_MOE_ROWS = 64, 384  # the small-batch MoE kernels' limits (triton/moe.py)
 MOE_GRAPH_SEGMENTS = 8  # MoE models' captured steps: this many groups of decoder layers (see CaptureBackend)
 
 
@@ -71,8 +73,10 @@ class Runner:
         graph_segments: int = 1,
         spec: SpecDecoder | None = None,
         media: MediaEncoder | None = None,
+        prefill_buckets: Sequence[int] = (),
     ) -> None:
         self.model = model
+        self.prefill_buckets = small_prefill_buckets(prefill_buckets, model.config)
         self.media = media  # vision: multimodal prefill chunks (None = text only)
         self.spec = spec  # speculative decoding: decode rounds go through it, slot ops and prefill feed it
         self.vocab_limit = vocab_limit
@@ -117,7 +121,7 @@ class Runner:
         try:
             graphs = DecodeGraphs(
                 self._step, self.max_batch, self.max_pages, cfg.vocab_size, cfg.hidden_size, dtype,
-                self.device, self._capture, verify_q, self._layer_cuts(),
+                self.device, self._capture, verify_q, self._layer_cuts(), self.prefill_buckets,
             )  # fmt: skip
         except Exception as exc:  # e.g. no memory left for the static logits buffer
             self.graph_stats = GraphStats((), 0.0, 0, f"{type(exc).__name__}: {exc}"[:300])
@@ -301,7 +305,41 @@ class Runner:
         """The decode step's float32 logits [B, V] alone (the benchmark profiler's entry point)."""
         return self._forward_logits(batch)[1][:, -1]
 
+    def _bucket(self, plan: PrefillPlan) -> int | None:
+        """The captured prefill graph a chunk fits (text only, its pages covering the padding)."""
+        if self.graphs is None or plan.multimodal is not None:
+            return None
+        n = len(plan.tokens)
+        for q in self.prefill_buckets:
+            if n <= q and self.graphs.has(1, q):
+                return q if pages_for(plan.start + q) <= len(plan.pages) else None
+        return None
+
+    def _prefill_graph(self, plan: PrefillPlan, q: int) -> StepResult:
+        """A short chunk as one replay of the (1, q) graph: padded with token 0 after the chunk,
+        the GDN state written only after the last real token (padding states are not stored);
+        the padding's K/V lands past the sequence's frontier, where it is never read before a
+        later token overwrites it."""
+        self._slot_ops(plan.ops_before)
+        n = len(plan.tokens)
+        writes = [-1] * (n - 1) + [plan.slot] + [-1] * (q - n)
+        rows = StepRows(
+            [plan.tokens + [0] * (q - n)], [plan.start], [plan.slot], [plan.pages], None, [writes]
+        )
+        out = self.forward(rows)  # hidden [1, q, H], logits [1, q, V]; the graph's launch delivers
+        if self.spec is not None:
+            rope = torch.arange(plan.start, plan.start + n, device=self.device).expand(3, n).contiguous()  # [3, n]
+            self.spec.after_prefill(plan.slot, plan.start, plan.tokens, out.hidden[0, :n], rope, plan.pages)
+        self._slot_ops(plan.ops_after)
+        if plan.sampler is None:
+            return StepResult(seq_ids=[], tokens=[])
+        tokens = sample_rows(out.logits[:, n - 1], [plan.sampler])  # [1, V] float32
+        return StepResult(seq_ids=[plan.seq_id], tokens=tokens)
+
     def _prefill(self, plan: PrefillPlan) -> StepResult:
+        q = self._bucket(plan)
+        if q is not None:
+            return self._prefill_graph(plan, q)
         self._launched()  # an eager forward: its kernel launches are host work, deliver first
         self._slot_ops(plan.ops_before)
         batch = self._batch([plan.tokens], [plan.start], [plan.slot], [plan.pages])
@@ -327,6 +365,19 @@ class Runner:
         if self.spec is not None:
             return self.spec.decode(plan)
         return self.resolve(self._launch_decode(plan, None, time.perf_counter()))
+
+
+def small_prefill_buckets(buckets: Sequence[int], config: TextConfig) -> tuple[int, ...]:
+    """The prefill bucket sizes a model's captured step supports: every bucket must take the
+    small-batch MoE kernels (at most 384 routed rows and 64 tokens), the graph-safe path."""
+    out = []
+    for q in sorted(set(buckets)):
+        if q < 2 or q > SMALL_MOE_TOKENS:
+            continue
+        if config.is_moe and q * int(config.num_experts_per_tok or 1) > SMALL_MOE_ROWS:
+            continue
+        out.append(q)
+    return tuple(out)
 
 
 def _compiled(fn: StepFn, max_batch: int) -> StepFn:

@@ -1,0 +1,81 @@
+"""Short prompt chunks as one replay of a captured one-row graph (padded to a bucket, the state
+written only after the last real token): the same tokens as eager prefill, at every place a
+short chunk occurs (a whole prompt, the tail after a full chunk, a turn resumed from the cache),
+and only buckets the model's graph-safe kernels take."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.engine import Engine
+from ninfer.engine.graphs import EagerCapture
+from ninfer.engine.plan import PrefillPlan
+from ninfer.engine.runner import Runner, small_prefill_buckets
+from ninfer.model.config import TextConfig
+from tests.engine.test_graphs import CPU, _generate
+
+
+def _graphed(model, cfg: EngineConfig, buckets: tuple[int, ...]) -> tuple[Engine, EagerCapture, list[int]]:
+    engine = Engine(model, cfg)
+    backend = EagerCapture()
+    runner = Runner(
+        model, engine.kv, engine.states, engine.runner.max_pages, CPU, None,
+        max_batch=cfg.max_concurrency, capture=backend, prefill_buckets=buckets,
+    )  # fmt: skip
+    used: list[int] = []
+    inner = runner._prefill_graph
+    runner._prefill_graph = lambda plan, q: (used.append(q), inner(plan, q))[1]  # type: ignore[method-assign]
+    engine.runner = runner
+    return engine.start(), backend, used
+
+
+@pytest.mark.parametrize("params", [{"temperature": 0.0}, {"temperature": 1.0, "top_k": 20}])
+def test_short_chunks_through_prefill_graphs_equal_eager(small_model, params) -> None:
+    cfg = EngineConfig(max_concurrency=4, max_pending=8, max_context=256, prefill_chunk=64)
+    # 5, 33, 9: whole prompts in a bucket; 70 = 64 + 6 and 130 = 64 + 64 + 2: tails after a history
+    prompts = [tuple((i * 31 + j * 7) % 500 + 1 for j in range(n)) for i, n in enumerate((5, 70, 33, 130, 9))]
+    eager = Engine(small_model, replace(cfg, no_cuda_graph=True)).start()
+    want = _generate(eager, prompts, **params)
+    # a second turn: the first prompt, its answer and 4 more tokens (resumed from the cache)
+    follow = [(*prompts[0], *want[0], 11, 12, 13, 14)]
+    want_follow = _generate(eager, follow, **params)
+    eager.shutdown()
+    engine, backend, used = _graphed(small_model, cfg, (16, 32, 48))
+    got = _generate(engine, prompts, **params)
+    got_follow = _generate(engine, follow, **params)
+    engine.shutdown()
+    assert (1, 48) in backend.captured and (1, 16) in backend.captured
+    assert got == want and got_follow == want_follow
+    assert sorted(used)[:3] == [16, 16, 16] and 48 in used  # 5, 6, 2 -> 16; 33 -> 48
+    assert engine.runner.graph_stats is not None and engine.runner.graph_stats.prefill_buckets == (16, 32, 48)
+
+
+def test_a_chunk_whose_padding_has_no_pages_runs_eagerly(small_model) -> None:
+    """The padding's K/V must land in the sequence's own pages: a chunk whose bucket reaches past
+    them takes the eager path."""
+    cfg = EngineConfig(max_concurrency=1, max_pending=2, max_context=256, prefill_chunk=64)
+    engine, _, used = _graphed(small_model, cfg, (16, 32, 48))
+    engine.shutdown()
+    runner = engine.runner
+    one_page = [0]
+    assert runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, start=0, slot=0, pages=one_page)) == 32
+    assert runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, start=40, slot=0, pages=one_page)) is None
+    assert runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, start=40, slot=0, pages=[0, 1])) == 32
+    assert runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 49, start=0, slot=0, pages=[0, 1])) is None
+    assert used == []
+
+
+def test_moe_buckets_stay_within_the_small_kernels() -> None:
+    dense = TextConfig(
+        family="qwen3_5", vocab_size=64, hidden_size=8, num_hidden_layers=1, layer_types=("full_attention",),
+        num_attention_heads=1, num_key_value_heads=1, head_dim=8, linear_num_key_heads=1,
+        linear_num_value_heads=1, linear_key_head_dim=8, linear_value_head_dim=8, intermediate_size=8,
+        mrope_section=(1, 1, 0), eos_token_ids=(1,),
+    )  # fmt: skip
+    moe = replace(dense, family="qwen3_5_moe", num_experts=256, num_experts_per_tok=8, intermediate_size=None,
+                  moe_intermediate_size=8, shared_expert_intermediate_size=8)  # fmt: skip
+    assert small_prefill_buckets((16, 32, 48, 64, 128, 1), dense) == (16, 32, 48, 64)
+    assert small_prefill_buckets((16, 32, 48, 64), moe) == (16, 32, 48)  # 64 x 8 routed rows > 384
