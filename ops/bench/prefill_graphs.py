@@ -90,7 +90,7 @@ def main() -> int:
         print(name, result[name], flush=True)
     result["greedy_equal"] = [a == b for a, b in zip(outs["eager"], outs["graphs"], strict=True)]
     result["greedy_first_diff"] = [
-        next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
         for a, b in zip(outs["eager"], outs["graphs"], strict=True)
     ]
     args.out.mkdir(parents=True, exist_ok=True)
