@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 
 SMALL_MOE_TOKENS, SMALL_MOE_ROWS = 64, 384  # the small-batch MoE kernels' limits (triton/moe.py)
+# The conv step kernel unrolls at most 32 tokens (triton backend CONV_STEP_MAX_T); longer per-token
+# steps take the torch reference, which failed capture on the H200 (a 48 bucket, f917fd5).
+SMALL_STEP_MAX_TOKENS = 32
 MOE_GRAPH_SEGMENTS = 8  # MoE models' captured steps: this many groups of decoder layers (see CaptureBackend)
 
 
@@ -328,7 +331,9 @@ class Runner:
         )
         out = self.forward(rows)  # hidden [1, q, H], logits [1, q, V]; the graph's launch delivers
         if self.spec is not None:
-            rope = torch.arange(plan.start, plan.start + n, device=self.device).expand(3, n).contiguous()  # [3, n]
+            rope = (
+                torch.arange(plan.start, plan.start + n, device=self.device).expand(3, n).contiguous()
+            )  # [3, n]
             self.spec.after_prefill(plan.slot, plan.start, plan.tokens, out.hidden[0, :n], rope, plan.pages)
         self._slot_ops(plan.ops_after)
         if plan.sampler is None:
@@ -369,10 +374,11 @@ class Runner:
 
 def small_prefill_buckets(buckets: Sequence[int], config: TextConfig) -> tuple[int, ...]:
     """The prefill bucket sizes a model's captured step supports: every bucket must take the
-    small-batch MoE kernels (at most 384 routed rows and 64 tokens), the graph-safe path."""
+    graph-safe kernels: the conv step's unrolled form (at most 32 tokens) and the small-batch MoE
+    kernels (at most 384 routed rows)."""
     out = []
     for q in sorted(set(buckets)):
-        if q < 2 or q > SMALL_MOE_TOKENS:
+        if q < 2 or q > min(SMALL_MOE_TOKENS, SMALL_STEP_MAX_TOKENS):
             continue
         if config.is_moe and q * int(config.num_experts_per_tok or 1) > SMALL_MOE_ROWS:
             continue
