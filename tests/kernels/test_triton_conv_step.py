@@ -69,3 +69,20 @@ def test_conv_step_rejects_a_wide_window():
     with pytest.raises(ValueError, match="conv_pool must be"):
         conv_step(x, _rand(8, 4, seed=9), _rand(2, 8, 5, seed=10), torch.zeros(1, 1, dtype=torch.int64),
                   torch.zeros(1, dtype=torch.int64))  # fmt: skip
+
+
+def test_conv_step_prefill_bucket_pattern():
+    """32 tokens (the largest prefill bucket, the kernel's unrolled maximum), the window kept only
+    after the last real token, in the slot it was read from."""
+    t, real, c, width = 32, 21, 24, 4
+    x = _rand(1, t, c, seed=8)
+    w = _rand(c, 1, width, seed=9)
+    pool = _rand(3, c, width - 1, seed=10)
+    writes = torch.full((1, t), -1, device=DEVICE)
+    writes[0, real - 1] = 1
+    start = torch.tensor([1], device=DEVICE)
+    ref_pool = pool.clone()
+    y_ref = conv_ref.conv_step(x, w, ref_pool, writes, start)
+    y = conv_step(x, w, pool, writes, start)
+    torch.testing.assert_close(y[:, :real], y_ref[:, :real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pool, ref_pool, rtol=0, atol=0)

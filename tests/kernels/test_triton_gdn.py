@@ -189,3 +189,25 @@ def test_rejects_bad_shapes():
         gdn_decode_step(
             q, k, v[:, :, :2], a[..., :2], b[..., :2], a_log[:2], dt_bias[:2], pool[:, :2], slots.float()
         )
+
+
+def test_prefill_bucket_pattern_keeps_only_the_last_real_state():
+    """A short prompt padded to a 32-token bucket (the prefill graphs): the state after the last
+    real token lands in the live slot, read from that same slot; padding states are not stored."""
+    n, t, real, nk, nv, dk, dv = 1, 32, 21, 1, 2, 16, 16
+    q, k, v, a, b, a_log, dt_bias = _inputs(n, t, nk, nv, dk, dv, torch.float32, seed=21)
+    pool = _pool(4, nv, dk, dv, seed=22)
+    before = pool.clone()
+    live = 2
+    slot_idx = torch.full((n, t), -1, dtype=torch.int32, device=DEVICE)
+    slot_idx[0, real - 1] = live
+    out = torch.full((n, t, nv, dv), float("nan"), device=DEVICE)
+    gdn_decode_step(
+        q, k, v, a, b, a_log, dt_bias, pool, slot_idx, torch.tensor([live], device=DEVICE), out=out
+    )
+    g, beta = gdn_gates(a.cpu(), b.cpu(), a_log.cpu(), dt_bias.cpu())
+    ref_o, ref_states = gdn_recurrence(q[0].cpu(), k[0].cpu(), v[0].cpu(), g[0], beta[0], before[live].cpu())
+    torch.testing.assert_close(out[0, :real].cpu().double(), ref_o[:real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pool[live].cpu().double(), ref_states[real - 1], rtol=1e-5, atol=1e-5)
+    for s in (0, 1, 3):
+        assert torch.equal(pool[s], before[s])
