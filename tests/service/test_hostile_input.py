@@ -228,10 +228,11 @@ def test_malformed_chunk_size_is_a_400(server: Server, size_line: bytes) -> None
         if path == MESSAGES:
             assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
         else:
-            assert (
-                body["error"]["code"] == "invalid_request"
-                and "body could not be read" in body["error"]["message"]
-            )
+            # refused while the worker frames the request ("invalid chunk size"), or by the app
+            # when a body reaches it unreadable ("the request body could not be read")
+            message = body["error"]["message"]
+            assert body["error"]["code"] == "invalid_request"
+            assert "chunk" in message or "could not be read" in message, message
 
 
 def test_server_still_serves_and_logged_no_fault(server: Server) -> None:
