@@ -82,3 +82,5 @@ class GenerationJob:
     stream: bool
     # Request shape recorded by the log (counts and flags only, never text).
     shape: dict[str, Any] = field(default_factory=dict)
+    # --client-compat: fields accepted, ignored or mapped, and tools left out (see api/compat.py)
+    compat: list[dict[str, str]] = field(default_factory=list)
