@@ -9,6 +9,7 @@ from typing import Any
 import falcon
 
 from ninfer.api import sse
+from ninfer.api.compat import Compat, nearest_effort
 from ninfer.api.context import ApiContext
 from ninfer.api.errors import ApiError, invalid
 from ninfer.api.events import Finished, GenerationJob
@@ -16,7 +17,6 @@ from ninfer.api.pipeline import ClientProbe, Generation
 from ninfer.api.response_store import ResponseStore, StoredResponse, make_record
 from ninfer.api.responses_items import item_ids, media_count, new_id, to_messages
 from ninfer.api.responses_object import Envelope
-from ninfer.api.compat import Compat, nearest_effort
 from ninfer.api.responses_schema import CreateRequest, parse_create, parse_input_tokens
 from ninfer.api.responses_stream import ResponseSequencer, frame
 from ninfer.engine.api import SamplingParams

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, is_dataclass
 from collections.abc import Callable
+from dataclasses import asdict, is_dataclass
 from typing import Any, Protocol
 
 from ninfer.service.console import logger
