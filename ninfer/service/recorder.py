@@ -101,6 +101,11 @@ def compat_key(adjustment: dict[str, str]) -> str:
     return f"{adjustment['action']}:{_INDEX.sub('[]', adjustment['param'])}"
 
 
+def adjustments(job: GenerationJob) -> list[dict[str, str]]:
+    """The job's --client-compat record (jobs built outside the protocol parsers carry none)."""
+    return list(getattr(job, "compat", None) or [])
+
+
 class Recorder:
     """Implements `ninfer.api.ports.Observer` for the service."""
 
@@ -113,9 +118,9 @@ class Recorder:
         self._compat: Counter[str] = Counter()  # adjustments since the last throughput interval
 
     def _count_compat(self, job: GenerationJob) -> None:
-        if job.compat:
+        if adjustments(job):
             with self._lock:
-                self._compat.update(compat_key(a) for a in job.compat)
+                self._compat.update(compat_key(a) for a in adjustments(job))
 
     def take_compat(self) -> dict[str, int]:
         """The --client-compat adjustments counted since the last call (by action and field)."""
@@ -136,7 +141,7 @@ class Recorder:
             protocol=job.protocol,
             phase="prepare",
             shape=job.shape,
-            compat_adjustments=job.compat,
+            compat_adjustments=adjustments(job),
             media_items=job.shape.get("media_items", 0),
             prepare_seconds=prepare_s,
             http=error.describe(),
@@ -160,7 +165,7 @@ class Recorder:
             "request_start",
             request_id=request_id,
             shape=job.shape,
-            compat_adjustments=job.compat,
+            compat_adjustments=adjustments(job),
             prompt_tokens=len(prepared.token_ids),
             media_items=prepared.media_items,
             media=prepared.media_log,
@@ -193,7 +198,7 @@ class Recorder:
             timings_seconds=timings,
             speculative={**SPECULATIVE_OFF, **stats.speculative},
             compilations=stats.compilations,
-            compat_adjustments=job.compat,
+            compat_adjustments=adjustments(job),
             **cold,
         )
         logger().info(
@@ -219,7 +224,7 @@ class Recorder:
             "request_error",
             request_id=request_id,
             config=config,
-            compat_adjustments=job.compat,
+            compat_adjustments=adjustments(job),
             message=error.message,
             http=error.describe(),
             completion_tokens=stats.completion_tokens if stats else 0,
