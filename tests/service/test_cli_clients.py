@@ -17,13 +17,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.service.conftest import API_KEY, ROOT, Server, start_server, stop_server
-from tests.service.terse_artifact import ensure_terse_artifact
+from tests.service.conftest import API_KEY, ROOT, Server
 
 NODE_BIN = ROOT / ".ci" / "node" / "node_modules" / ".bin"
 CLI_TIMEOUT_S = 240
@@ -39,26 +37,6 @@ def _cli(name: str) -> Path:
             "(.ci/run does this)"
         )
     return path
-
-
-@pytest.fixture(scope="module")
-def compat_server(tmp_path_factory: pytest.TempPathFactory, demo_cache: Path) -> Iterator[Server]:
-    artifact = ensure_terse_artifact(demo_cache)
-    srv = start_server(
-        tmp_path_factory.mktemp("compat"),
-        [
-            f"model.artifact={artifact}",
-            "engine.device=cpu",
-            "engine.max_context=16384",
-            "kv.capacity=16384",
-            "server.client_compat=true",
-            "sampling.seed=0",
-            "logging.log_stats_interval_ms=500",
-        ],
-        demo_cache,
-    )
-    yield srv
-    assert stop_server(srv) == 0, srv.stderr_path.read_text()[-3000:]
 
 
 def _home(tmp: Path) -> dict[str, str]:
