@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ninfer.api.errors import ApiError, invalid
 from ninfer.api.pipeline import Pipeline
@@ -19,6 +20,7 @@ class ApiContext:
     pipeline: Pipeline | None = None
     response_store: ResponseStore | None = None  # sized from server.response_store_max_*
     draining: bool = False
+    client_compat: bool = False  # --client-compat: accept, ignore or map real clients' extra fields
     synthetic_weights: bool = False  # the artifact's weights are drawn at load (artifact synth)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -35,6 +37,15 @@ class ApiContext:
                 retryable=True,
             )
         return self.pipeline
+
+    def template_efforts(self) -> tuple[str, ...]:
+        """The reasoning efforts the loaded chat template exposes (empty before load or without any)."""
+        prompts = getattr(self.pipeline, "prompts", None)
+        return tuple(getattr(getattr(prompts, "caps", None), "efforts", ()) or ())
+
+    def tokenizer(self) -> Any:
+        """The artifact's tokenizer (`encode`, `decode`, `vocab_size`); needs the loaded pipeline."""
+        return self.require_pipeline().prompts.tokenizer  # type: ignore[attr-defined]
 
     def check_model(self, model: str) -> None:
         """OpenAI routes: the model field must equal the public model id (404 model_not_found, as OpenAI does)."""

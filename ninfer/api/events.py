@@ -35,7 +35,7 @@ __all__ = [
     "arguments_json",
 ]
 
-Protocol = Literal["chat_completions", "messages", "responses"]
+Protocol = Literal["chat_completions", "messages", "responses", "completions"]
 
 
 @dataclass(frozen=True)
@@ -82,3 +82,7 @@ class GenerationJob:
     stream: bool
     # Request shape recorded by the log (counts and flags only, never text).
     shape: dict[str, Any] = field(default_factory=dict)
+    # --client-compat: fields accepted, ignored or mapped, and tools left out (see api/compat.py)
+    compat: list[dict[str, str]] = field(default_factory=list)
+    # legacy completions: the prompt's token ids as given (no chat template; thinking off)
+    raw_prompt: tuple[int, ...] | None = None

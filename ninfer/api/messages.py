@@ -10,6 +10,7 @@ from typing import Any
 import falcon
 
 from ninfer.api import messages_request, sse
+from ninfer.api.compat import Compat
 from ninfer.api.context import ApiContext
 from ninfer.api.errors import ApiError, internal
 from ninfer.api.events import (
@@ -136,13 +137,24 @@ def stream_events(gen: Generation, mid: str, model: str) -> Iterator[bytes]:
         gen.close()
 
 
+def request_compat(req: falcon.Request, ctx: ApiContext) -> Compat:
+    """The request's compat record, starting with the beta header and query that change nothing here."""
+    compat = Compat(ctx.client_compat)
+    if req.get_header("anthropic-beta"):
+        compat.note("anthropic-beta", "beta header ignored")
+    if req.get_param("beta") is not None:
+        compat.note("?beta", "beta query parameter ignored")
+    return compat
+
+
 class MessagesResource:
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         pipeline = self.ctx.require_pipeline()
-        request = messages_request.parse(parse_body(req.context.body), self.ctx)
+        compat = request_compat(req, self.ctx)
+        request = messages_request.parse(parse_body(req.context.body), self.ctx, compat)
         gen = pipeline.open(request.job, getattr(req.context, "client_gone", None))
         mid = f"msg_{uuid.uuid4().hex}"
         resp.set_header("x-request-id", str(gen.request_id))
@@ -164,7 +176,8 @@ class CountTokensResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         pipeline = self.ctx.require_pipeline()
-        job = messages_request.parse_count(parse_body(req.context.body), self.ctx)
+        compat = request_compat(req, self.ctx)
+        job = messages_request.parse_count(parse_body(req.context.body), self.ctx, compat)
         resp.media = {"input_tokens": pipeline.count_tokens(job)}
 
 

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ninfer.api import fields as f
+from ninfer.api.compat import Compat, nearest_effort
 from ninfer.api.context import ApiContext
-from ninfer.api.errors import invalid, unsupported
+from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.events import GenerationJob
 from ninfer.api.parse_guard import guarded
 from ninfer.engine.api import SamplingParams
@@ -30,6 +31,7 @@ COUNT_KNOWN = {
     "preserve_thinking",
 }
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
+CLEAR_THINKING = "clear_thinking_"  # context_management edit types that only prune old reasoning
 
 
 @dataclass
@@ -153,7 +155,7 @@ def _check_system_placement(roles: list[str]) -> None:
         i = end
 
 
-def conversation(body: dict[str, Any], ctx: ApiContext) -> tuple[Conversation, int]:
+def conversation(body: dict[str, Any], ctx: ApiContext, compat: Compat) -> tuple[Conversation, int]:
     """The conversation and the number of protocol messages."""
     raw_messages = f.req_list(body, "messages")
     out: list[Message] = []
@@ -175,15 +177,31 @@ def conversation(body: dict[str, Any], ctx: ApiContext) -> tuple[Conversation, i
         else:
             raise invalid(f"{p}.role", f"unsupported role {role!r}", "invalid_value")
     _check_system_placement(roles)
-    tools = _tools(body)
+    tools = _tools(body, compat)
+    _note_cache_control(body, compat)
     return Conversation(messages=out, tools=tools), len(raw_messages)
 
 
-def _tools(body: dict[str, Any]) -> list[Tool]:
+def _note_cache_control(body: dict[str, Any], compat: Compat) -> None:
+    """Prompt-caching breakpoints change nothing here (prefix reuse is automatic)."""
+    blocks: list[Any] = []
+    for key in ("system", "tools"):
+        if isinstance(body.get(key), list):
+            blocks.extend(body[key])
+    for msg in body.get("messages") or []:
+        if isinstance(msg, dict) and isinstance(msg.get("content"), list):
+            blocks.extend(msg["content"])
+    if any(isinstance(b, dict) and b.get("cache_control") is not None for b in blocks):
+        compat.note("cache_control", "prompt-cache breakpoints ignored; prefix reuse is automatic")
+
+
+def _tools(body: dict[str, Any], compat: Compat) -> list[Tool]:
     tools = []
     for p, tool in f.objects(f.opt_list(body, "tools") or [], "tools"):
         if tool.get("type") not in (None, "custom"):
-            raise unsupported(f"{p}.type", "only client-defined tools are supported")
+            error = unsupported(f"{p}.type", "only client-defined tools are supported")
+            compat.drop_tool(p, error, f"server tool {tool.get('type')!r} ({tool.get('name')!r}) left out")
+            continue
         schema = f.opt_dict(tool, "input_schema", f"{p}.input_schema")
         tools.append(
             Tool(
@@ -198,20 +216,40 @@ def _tools(body: dict[str, Any]) -> list[Tool]:
     return [] if choice is not None and choice.get("type") == "none" else tools
 
 
-def controls(body: dict[str, Any]) -> RequestOptions:
+def _thinking(body: dict[str, Any], compat: Compat) -> str | None:
     thinking = f.opt_dict(body, "thinking")
-    kind = None
-    if thinking is not None:
-        kind = f.req_str(thinking, "type", "thinking.type")
-        if kind not in ("enabled", "disabled", "adaptive"):
-            raise invalid(
-                "thinking.type", "thinking.type must be enabled, disabled or adaptive", "invalid_value"
-            )
+    if thinking is None:
+        return None
+    kind = f.req_str(thinking, "type", "thinking.type")
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise invalid("thinking.type", "thinking.type must be enabled, disabled or adaptive", "invalid_value")
+    if kind != "disabled":
+        compat.note("thinking.type", f"{kind!r} -> thinking on (budget_tokens not enforced)")
+    if thinking.get("display") is not None:
+        compat.note("thinking.display", "reasoning is returned as generated")
+    return kind
+
+
+def _effort(body: dict[str, Any], ctx: ApiContext, compat: Compat) -> tuple[str | None, bool]:
+    """The effort to resolve and whether compatibility mapping turned thinking on."""
     config = f.opt_dict(body, "output_config") or {}
     f.reject_unknown(config, ("effort",), "output_config.")
     effort = f.opt_str(config, "effort", "output_config.effort")
     if effort is not None and effort not in EFFORTS:
         raise invalid("output_config.effort", f"effort must be one of {', '.join(EFFORTS)}", "invalid_value")
+    exposed = ctx.template_efforts()
+    if effort is None or not compat.enabled or effort in exposed:
+        return effort, False
+    nearest = nearest_effort(effort, exposed)
+    compat.map("output_config.effort", invalid(None, ""), f"{effort!r} -> {nearest!r}, thinking on")
+    return nearest, True
+
+
+def controls(body: dict[str, Any], ctx: ApiContext, compat: Compat) -> RequestOptions:
+    kind = _thinking(body, compat)
+    effort, forced = _effort(body, ctx, compat)
+    if forced and kind in (None, "disabled"):
+        kind = "enabled"
     return RequestOptions(
         effort=effort,
         effort_param="output_config.effort",
@@ -220,15 +258,41 @@ def controls(body: dict[str, Any]) -> RequestOptions:
     )
 
 
+def _unknown_fields(body: dict[str, Any], known: set[str], compat: Compat) -> None:
+    """Unknown top-level fields fail, except clear-thinking context management under --client-compat."""
+    for key in body:
+        if key in known:
+            continue
+        if key == "context_management" and _clears_thinking_only(body[key]):
+            compat.ignore(key, unknown_parameter(key), "clear-thinking edits ignored (no server-side edits)")
+        else:
+            raise unknown_parameter(key)
+
+
+def _clears_thinking_only(value: Any) -> bool:
+    if not isinstance(value, dict) or set(value) - {"edits"} or not isinstance(value.get("edits"), list):
+        return False
+    return all(
+        isinstance(e, dict) and str(e.get("type", "")).startswith(CLEAR_THINKING) for e in value["edits"]
+    )
+
+
+def _metadata(body: dict[str, Any], compat: Compat) -> None:
+    meta = f.opt_dict(body, "metadata")
+    if meta and meta.get("user_id") is not None:
+        compat.note("metadata.user_id")
+
+
 @guarded
-def parse(body: dict[str, Any], ctx: ApiContext) -> MessagesRequest:
-    f.reject_unknown(body, KNOWN)
+def parse(body: dict[str, Any], ctx: ApiContext, compat: Compat | None = None) -> MessagesRequest:
+    compat = compat or Compat(ctx.client_compat)
+    _unknown_fields(body, KNOWN, compat)
     model = f.req_str(body, "model")  # a response label; it does not select the artifact
     max_tokens = f.opt_int(body, "max_tokens", 1)
     if max_tokens is None:
         raise invalid("max_tokens", "missing required parameter: 'max_tokens'", "missing_required_parameter")
-    conv, count = conversation(body, ctx)
-    f.opt_dict(body, "metadata")
+    conv, count = conversation(body, ctx, compat)
+    _metadata(body, compat)
     stream = bool(f.opt_bool(body, "stream"))
     params = SamplingParams(
         max_tokens=max_tokens,
@@ -241,20 +305,22 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> MessagesRequest:
     job = GenerationJob(
         protocol="messages",
         conversation=conv,
-        controls=controls(body),
+        controls=controls(body, ctx, compat),
         params=params,
         max_tokens_given=True,
         stream=stream,
         shape={"messages": count, "tools": len(conv.tools), "media_items": media, "stream": stream},
+        compat=compat.adjustments,
     )
     return MessagesRequest(job=job, model=model)
 
 
 @guarded
-def parse_count(body: dict[str, Any], ctx: ApiContext) -> GenerationJob:
-    f.reject_unknown(body, COUNT_KNOWN)
+def parse_count(body: dict[str, Any], ctx: ApiContext, compat: Compat | None = None) -> GenerationJob:
+    compat = compat or Compat(ctx.client_compat)
+    _unknown_fields(body, COUNT_KNOWN, compat)
     f.req_str(body, "model")
-    conv, _ = conversation(body, ctx)
-    return GenerationJob(
-        "messages", conv, controls(body), SamplingParams(), False, False, {"tools": len(conv.tools)}
-    )
+    conv, _ = conversation(body, ctx, compat)
+    options = controls(body, ctx, compat)
+    shape = {"tools": len(conv.tools)}
+    return GenerationJob("messages", conv, options, SamplingParams(), False, False, shape, compat.adjustments)

@@ -114,9 +114,12 @@ class Pipeline:
             self.prompts.check_options(job.controls)  # a 400 of its own, not a 429 under load
             ticket = self.engine.reserve()
             # media preparation shares the request's admission deadline
-            prepared = self.prompts.prepare(
-                job.conversation, job.controls, tools, getattr(ticket, "deadline", None)
-            )
+            if job.raw_prompt is not None:  # legacy completions: no template, plain text out
+                prepared = Prepared(job.raw_prompt, thinking=False, preserve_thinking=False, effort=None)
+            else:
+                prepared = self.prompts.prepare(
+                    job.conversation, job.controls, tools, getattr(ticket, "deadline", None)
+                )
             room = self.config.max_context - len(prepared.token_ids)
             if room <= 0:
                 raise context_error(len(prepared.token_ids), self.config.max_context)

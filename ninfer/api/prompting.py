@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from ninfer.api.compat import HINT
 from ninfer.api.errors import ApiError, invalid
 from ninfer.api.media_prompt import MediaPrompts
 from ninfer.api.ports import Prepared
@@ -65,7 +66,10 @@ class FrontendPrompts:
         try:
             return resolve_options(controls, self.caps, self.defaults)
         except FrontendError as exc:
-            raise ApiError(400, exc.code, exc.message, exc.param) from None
+            message = exc.message
+            if exc.code == "reasoning_effort_not_supported":
+                message += HINT  # --client-compat maps such an effort to the nearest exposed one
+            raise ApiError(400, exc.code, message, exc.param) from None
 
     def check_options(self, controls: RequestOptions) -> None:
         self._options(controls)

@@ -14,6 +14,7 @@ from typing import Any
 
 from ninfer.api import fields as f
 from ninfer.api import json_body
+from ninfer.api.compat import Compat
 from ninfer.api.errors import ApiError, invalid, unknown_parameter
 from ninfer.frontend.conversation import ImagePart, Message, Part, TextPart, ToolCall, VideoPart
 
@@ -43,13 +44,20 @@ def unsupported_value(param: str, message: str) -> ApiError:
     return ApiError(400, "unsupported_value", message, param)
 
 
-def _only(item: dict[str, Any], allowed: Iterable[str], param: str, null_only: Iterable[str] = ()) -> None:
-    """Reject unknown keys, and keys that this server accepts only as null."""
+def _only(
+    item: dict[str, Any],
+    allowed: Iterable[str],
+    param: str,
+    null_only: Iterable[str] = (),
+    compat: Compat | None = None,
+) -> None:
+    """Reject unknown keys, and keys that this server accepts only as null (--client-compat: ignored)."""
     known = set(allowed)
     for key, value in item.items():
         if key in null_only:
             if value is not None:
-                raise unsupported_value(f"{param}.{key}", f"{param}.{key} is not supported")
+                error = unsupported_value(f"{param}.{key}", f"{param}.{key} is not supported")
+                (compat or Compat()).ignore(f"{param}.{key}", error)
         elif key not in known and value is not None:
             raise unknown_parameter(f"{param}.{key}")
 
@@ -68,7 +76,7 @@ def _media_url(part: dict[str, Any], key: str, param: str) -> str:
     return url
 
 
-def _part(part: dict[str, Any], role: str, param: str, vision: bool) -> dict[str, Any]:
+def _part(part: dict[str, Any], role: str, param: str, vision: bool, compat: Compat) -> dict[str, Any]:
     kind = part.get("type")
     if kind == "input_text" or kind == "output_text":
         wanted = "output_text" if role == "assistant" else "input_text"
@@ -83,7 +91,7 @@ def _part(part: dict[str, Any], role: str, param: str, vision: bool) -> dict[str
                 "text": f.req_str(part, "text", f"{param}.text", nonempty=False),
                 "annotations": [],
             }
-        _only(part, ("type", "text"), param, null_only=("prompt_cache_breakpoint",))
+        _only(part, ("type", "text"), param, null_only=("prompt_cache_breakpoint",), compat=compat)
         return {"type": kind, "text": f.req_str(part, "text", f"{param}.text", nonempty=False)}
     if kind in ("input_image", "input_video"):
         if role != "user":
@@ -104,8 +112,8 @@ def _part(part: dict[str, Any], role: str, param: str, vision: bool) -> dict[str
     raise invalid(f"{param}.type", f"unknown content part type {kind!r}", "invalid_value")
 
 
-def _message(item: dict[str, Any], param: str, vision: bool) -> dict[str, Any]:
-    _only(item, ("type", "role", "content", "id", "status"), param, null_only=("phase",))
+def _message(item: dict[str, Any], param: str, vision: bool, compat: Compat) -> dict[str, Any]:
+    _only(item, ("type", "role", "content", "id", "status"), param, null_only=("phase",), compat=compat)
     _status(item, param)
     role = item.get("role")
     if role not in ("user", "assistant", "system", "developer"):
@@ -115,7 +123,7 @@ def _message(item: dict[str, Any], param: str, vision: bool) -> dict[str, Any]:
         kind = "output_text" if role == "assistant" else "input_text"
         parts = [{"type": kind, "text": content, **({"annotations": []} if role == "assistant" else {})}]
     elif isinstance(content, list):
-        parts = [_part(part, role, p, vision) for p, part in f.objects(content, f"{param}.content")]
+        parts = [_part(part, role, p, vision, compat) for p, part in f.objects(content, f"{param}.content")]
     elif content is None:
         raise invalid(f"{param}.content", "message content is required", "missing_required_parameter")
     else:
@@ -123,11 +131,14 @@ def _message(item: dict[str, Any], param: str, vision: bool) -> dict[str, Any]:
     return {"type": "message", "role": role, "status": "completed", "content": parts}
 
 
-def _reasoning(item: dict[str, Any], param: str) -> dict[str, Any]:
-    _only(item, ("type", "id", "summary", "content", "status"), param, null_only=("encrypted_content",))
+def _reasoning(item: dict[str, Any], param: str, compat: Compat) -> dict[str, Any]:
+    _only(item, ("type", "id", "summary", "content", "status"), param, ("encrypted_content",), compat=compat)
     _status(item, param)
     if f.opt_list(item, "summary", f"{param}.summary"):
-        raise unsupported_value(f"{param}.summary", "reasoning summaries are not supported; send raw content")
+        error = unsupported_value(
+            f"{param}.summary", "reasoning summaries are not supported; send raw content"
+        )
+        compat.ignore(f"{param}.summary", error, "summary dropped; raw reasoning content kept")
     parts = []
     for p, part in f.objects(f.opt_list(item, "content", f"{param}.content") or [], f"{param}.content"):
         if part.get("type") != "reasoning_text":
@@ -176,13 +187,16 @@ def _function_output(item: dict[str, Any], param: str) -> dict[str, Any]:
     }
 
 
-def normalize_input(raw: Any, vision: bool, taken: Iterable[str] = ()) -> list[dict[str, Any]]:
+def normalize_input(
+    raw: Any, vision: bool, taken: Iterable[str] = (), compat: Compat | None = None
+) -> list[dict[str, Any]]:
     """Validate `input` (a string or a non-empty Item array) into normalized Items with ids.
 
     `taken` holds ids already present in the continued context; reusing one is a duplicate.
     """
+    compat = compat or Compat()
     if isinstance(raw, str):
-        return [{"id": new_id("msg"), **_message({"role": "user", "content": raw}, "input", vision)}]
+        return [{"id": new_id("msg"), **_message({"role": "user", "content": raw}, "input", vision, compat)}]
     if not isinstance(raw, list):
         raise invalid("input", "input must be a string or an array of Items", "invalid_type")
     if not raw:
@@ -192,9 +206,9 @@ def normalize_input(raw: Any, vision: bool, taken: Iterable[str] = ()) -> list[d
     for param, item in f.objects(raw, "input"):
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
-            norm = _message(item, param, vision)
+            norm = _message(item, param, vision, compat)
         elif kind == "reasoning":
-            norm = _reasoning(item, param)
+            norm = _reasoning(item, param, compat)
         elif kind == "function_call":
             norm = _function_call(item, param)
         elif kind == "function_call_output":

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.api import fields as f
+from ninfer.api.compat import Compat
 from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.parse_guard import guarded
 from ninfer.api.responses_items import normalize_input, unsupported_value
@@ -28,6 +29,15 @@ UNSUPPORTED_FIELDS = (
     "prompt_cache_retention", "prompt_cache_options", "safety_identifier", "user", "max_tool_calls",
     "background_options", "access_programs", "image",
 )  # fmt: skip
+# Create fields that change nothing computed here; --client-compat accepts and ignores them.
+IGNORABLE_FIELDS = (
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+    "user",
+    "client_metadata",
+)
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 MIN_OUTPUT_TOKENS = 16
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
@@ -50,6 +60,7 @@ class CreateRequest:
     tools: list[Tool] = field(default_factory=list)
     tool_defs: list[dict[str, Any]] = field(default_factory=list)  # normalized echo for the Response
     tool_choice: str = "auto"
+    compat: Compat = field(default_factory=Compat)
 
 
 def _metadata(body: dict[str, Any]) -> dict[str, str]:
@@ -68,18 +79,22 @@ def _metadata(body: dict[str, Any]) -> dict[str, str]:
     return dict(meta)
 
 
-def _tools(body: dict[str, Any]) -> tuple[list[Tool], list[dict[str, Any]]]:
+def _tools(body: dict[str, Any], compat: Compat) -> tuple[list[Tool], list[dict[str, Any]]]:
     tools: list[Tool] = []
     defs: list[dict[str, Any]] = []
     for p, tool in f.objects(f.opt_list(body, "tools") or [], "tools"):
         kind = tool.get("type")
         if kind != "function":
-            raise unsupported_value(f"{p}.type", f"only flat function tools are supported, not {kind!r}")
+            error = unsupported_value(f"{p}.type", f"only flat function tools are supported, not {kind!r}")
+            name = tool.get("name") or tool.get("server_label")
+            compat.drop_tool(p, error, f"{kind!r} tool {name!r} left out of the prompt")
+            continue
         for key, value in tool.items():
             if key not in ("type", "name", "description", "parameters", "strict") and value is not None:
                 raise unknown_parameter(f"{p}.{key}")
         if f.opt_bool(tool, "strict", f"{p}.strict"):
-            raise unsupported_value(f"{p}.strict", "strict schemas are not enforced by this server")
+            error = unsupported_value(f"{p}.strict", "strict schemas are not enforced by this server")
+            compat.map(f"{p}.strict", error, "strict: true -> false (arguments are not schema-enforced)")
         name = f.req_str(tool, "name", f"{p}.name")
         if any(t.name == name for t in tools):
             raise invalid(f"{p}.name", f"duplicate function name {name!r}", "invalid_value")
@@ -103,14 +118,15 @@ def _tool_choice(body: dict[str, Any]) -> str:
     raise invalid("tool_choice", "tool_choice must be 'auto' or 'none'", "invalid_value")
 
 
-def _reasoning(body: dict[str, Any]) -> str | None:
+def _reasoning(body: dict[str, Any], compat: Compat) -> str | None:
     reasoning = f.opt_dict(body, "reasoning")
     if reasoning is None:
         return None
     for key, value in reasoning.items():
         if key in ("summary", "generate_summary"):
             if value is not None:
-                raise unsupported_value(f"reasoning.{key}", "reasoning summaries are not supported")
+                error = unsupported_value(f"reasoning.{key}", "reasoning summaries are not supported")
+                compat.map(f"reasoning.{key}", error, "raw reasoning returned, no summary")
         elif key != "effort" and value is not None:
             raise unknown_parameter(f"reasoning.{key}")
     effort = f.opt_str(reasoning, "effort", "reasoning.effort")
@@ -137,16 +153,20 @@ def _preserve(body: dict[str, Any]) -> bool | None:
     return alias if alias is not None else nested
 
 
-def _check_unsupported(body: dict[str, Any], stream: bool) -> None:
+def _check_unsupported(body: dict[str, Any], stream: bool, compat: Compat) -> None:
     text = f.opt_dict(body, "text") or {}
     for key, value in text.items():
         if key != "format" and value is not None:
-            raise unsupported_value(f"text.{key}", f"text.{key} is not supported")
+            error = unsupported_value(f"text.{key}", f"text.{key} is not supported")
+            if key != "verbosity":
+                raise error
+            compat.ignore("text.verbosity", error)
     fmt = f.opt_dict(text, "format", "text.format")
     if fmt is not None and (fmt.get("type") != "text" or len(fmt) != 1):
         raise unsupported_value("text.format", "only text.format {'type': 'text'} is supported")
     if f.opt_bool(body, "parallel_tool_calls") is False:
-        raise unsupported_value("parallel_tool_calls", "parallel_tool_calls must be omitted or true")
+        error = unsupported_value("parallel_tool_calls", "parallel_tool_calls must be omitted or true")
+        compat.ignore("parallel_tool_calls", error, "false ignored; several calls may still be parsed")
     truncation = f.opt_str(body, "truncation")
     if truncation not in (None, "disabled"):
         raise unsupported_value("truncation", "truncation must be omitted or 'disabled'")
@@ -157,8 +177,12 @@ def _check_unsupported(body: dict[str, Any], stream: bool) -> None:
         raise unsupported_value("service_tier", "service_tier must be omitted, 'auto' or 'default'")
     if f.opt_bool(body, "background"):
         raise unsupported_value("background", "background execution is not supported")
-    if f.opt_list(body, "include"):
-        raise unsupported_value("include", "include must be omitted or empty")
+    include = f.opt_list(body, "include")
+    if include:
+        error = unsupported_value("include", "include must be omitted or empty")
+        if include != [ENCRYPTED_REASONING]:
+            raise error
+        compat.ignore("include", error, "encrypted reasoning is not returned")
     options = f.opt_dict(body, "stream_options")
     if options is not None:
         if not stream:
@@ -173,24 +197,31 @@ def _check_unsupported(body: dict[str, Any], stream: bool) -> None:
 
 
 @guarded
-def parse_create(body: dict[str, Any], vision: bool) -> CreateRequest:
+def parse_create(body: dict[str, Any], vision: bool, compat: Compat | None = None) -> CreateRequest:
     """Validate a Create body (the model id is checked by the caller against the server's)."""
+    compat = compat or Compat()
     for key, value in body.items():
-        if key in UNSUPPORTED_FIELDS:
-            if value is not None:
-                raise unsupported(key, f"{key} is not supported by this server")
+        if key in UNSUPPORTED_FIELDS or key in IGNORABLE_FIELDS:
+            if value is None:
+                continue
+            error = unsupported(key, f"{key} is not supported by this server")
+            if key not in UNSUPPORTED_FIELDS:
+                error = unknown_parameter(key)
+            if key not in IGNORABLE_FIELDS:
+                raise error
+            compat.ignore(key, error)
         elif key not in KNOWN:
             raise unknown_parameter(key)
     model = f.req_str(body, "model")
     if body.get("input") is None:
         raise invalid("input", "missing required parameter: 'input'", "missing_required_parameter")
     stream = bool(f.opt_bool(body, "stream"))
-    _check_unsupported(body, stream)
-    tools, defs = _tools(body)
+    _check_unsupported(body, stream, compat)
+    tools, defs = _tools(body, compat)
     store = f.opt_bool(body, "store")
     return CreateRequest(
         model=model,
-        input_items=normalize_input(body["input"], vision),
+        input_items=normalize_input(body["input"], vision, compat=compat),
         instructions=f.opt_str(body, "instructions"),
         previous_response_id=f.opt_str(body, "previous_response_id"),
         max_output_tokens=f.opt_int(body, "max_output_tokens", MIN_OUTPUT_TOKENS),
@@ -199,11 +230,12 @@ def parse_create(body: dict[str, Any], vision: bool) -> CreateRequest:
         temperature=f.opt_float(body, "temperature", 0.0, 2.0),
         top_p=f.opt_float(body, "top_p", 0.0, 1.0),
         metadata=_metadata(body),
-        effort=_reasoning(body),
+        effort=_reasoning(body, compat),
         preserve_thinking=_preserve(body),
         tools=tools,
         tool_defs=defs,
         tool_choice=_tool_choice(body),
+        compat=compat,
     )
 
 

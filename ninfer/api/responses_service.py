@@ -9,6 +9,7 @@ from typing import Any
 import falcon
 
 from ninfer.api import sse
+from ninfer.api.compat import Compat, nearest_effort
 from ninfer.api.context import ApiContext
 from ninfer.api.errors import ApiError, invalid
 from ninfer.api.events import Finished, GenerationJob
@@ -57,6 +58,14 @@ class ResponsesService:
                 raise invalid(f"input[{i}].id", f"duplicate Item id {item['id']!r}", "duplicate_item_id")
         return parent
 
+    def map_effort(self, request: CreateRequest) -> None:
+        """--client-compat: an effort the template cannot honour becomes the nearest it can."""
+        effort, exposed = request.effort, self.ctx.template_efforts()
+        if not self.ctx.client_compat or effort in (None, "none") or effort in exposed:
+            return
+        request.effort = nearest_effort(effort, exposed)  # None: a template without efforts
+        request.compat.map("reasoning.effort", invalid(None, ""), f"{effort!r} -> {request.effort!r}")
+
     def job(self, request: CreateRequest, parent: StoredResponse | None) -> GenerationJob:
         history = parent.context if parent is not None else ()
         messages = to_messages((*history, *request.input_items), request.instructions)
@@ -87,6 +96,7 @@ class ResponsesService:
                 "previous_response": parent is not None,
                 "semantic_change": inherited is not None and preserve is not None and preserve != inherited,
             },
+            compat=request.compat.adjustments,
         )
 
     def envelope(self, request: CreateRequest) -> Envelope:
@@ -119,7 +129,8 @@ class ResponsesService:
         self, body: dict[str, Any], resp: falcon.Response, client_gone: ClientProbe | None = None
     ) -> None:
         pipeline = self.ctx.require_pipeline()
-        request = parse_create(body, self.ctx.vision)
+        request = parse_create(body, self.ctx.vision, Compat(self.ctx.client_compat))
+        self.map_effort(request)
         self.ctx.check_model(request.model)
         parent = self.parent(request)
         job = self.job(request, parent)

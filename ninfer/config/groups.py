@@ -147,6 +147,7 @@ class ServerSettings(BaseSettings):
     api_key: SecretStr | None = Field(None, min_length=1)
     model_id: str | None = Field(None, min_length=1)  # None = the artifact's identity.model_id
     cors: bool = False
+    client_compat: bool = False  # accept / ignore / map real clients' extra fields (api/compat.py)
     max_request_mib: Int = Field(384, ge=1)
     response_store_max_records: Int = Field(1024, ge=1)
     response_store_max_mib: Int = Field(256, ge=1)

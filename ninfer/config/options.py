@@ -41,7 +41,8 @@ the flag translation are generated from these rows, so the flags and the keys ca
     --temperature F ... --seed N   sampling.<name>
     --greedy                       sampling.greedy=true
 
-Beyond the contract: ``--dtype`` (engine.dtype) and ``--log-level`` (logging.level).
+Beyond the contract: ``--dtype`` (engine.dtype), ``--log-level`` (logging.level) and
+``--client-compat`` (server.client_compat=true).
 """
 
 from __future__ import annotations
@@ -249,6 +250,12 @@ EXTRA_OPTIONS: tuple[Option, ...] = (
         "auto (bf16 GPU, fp32 CPU)",
     ),
     _v("--log-level", "LEVEL", "logging.level", "console log level", "INFO"),
+    _s(
+        "--client-compat",
+        "server.client_compat",
+        "accept, ignore or map the extra fields real clients send (recorded per request)",
+        "off",
+    ),
 )
 
 OPTIONS: tuple[Option, ...] = CONTRACT_OPTIONS + EXTRA_OPTIONS

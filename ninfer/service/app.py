@@ -18,6 +18,8 @@ ROUTE_MODULES = (
     "ninfer.api.chat_completions",
     "ninfer.api.messages",
     "ninfer.api.responses",
+    "ninfer.api.completions",
+    "ninfer.api.tokenize",
 )
 
 

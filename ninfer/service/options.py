@@ -40,6 +40,7 @@ class ServiceOptions:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     keepalive_s: int = 5
+    client_compat: bool = False
 
     @property
     def threads(self) -> int:
@@ -86,4 +87,5 @@ def from_settings(settings: Any) -> ServiceOptions:
         header_timeout_s=float(_get(server, "header_timeout_s", 10.0)),
         body_timeout_s=float(_get(server, "body_timeout_s", 60.0)),
         keepalive_s=int(_get(server, "keepalive_s", 5)),
+        client_compat=bool(_get(server, "client_compat", False)),
     )

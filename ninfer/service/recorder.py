@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import threading
+from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
@@ -91,6 +93,19 @@ def _config(
     }
 
 
+_INDEX = re.compile(r"\[\d+\]")
+
+
+def compat_key(adjustment: dict[str, str]) -> str:
+    """The counting key of one adjustment: its action and field, array indexes dropped."""
+    return f"{adjustment['action']}:{_INDEX.sub('[]', adjustment['param'])}"
+
+
+def adjustments(job: GenerationJob) -> list[dict[str, str]]:
+    """The job's --client-compat record (jobs built outside the protocol parsers carry none)."""
+    return list(getattr(job, "compat", None) or [])
+
+
 class Recorder:
     """Implements `ninfer.api.ports.Observer` for the service."""
 
@@ -100,6 +115,18 @@ class Recorder:
         self._lock = threading.Lock()
         self._configs: dict[int, dict[str, Any]] = {}
         self.counts = {"started": 0, "rejected": 0, "done": 0, "error": 0}
+        self._compat: Counter[str] = Counter()  # adjustments since the last throughput interval
+
+    def _count_compat(self, job: GenerationJob) -> None:
+        if adjustments(job):
+            with self._lock:
+                self._compat.update(compat_key(a) for a in adjustments(job))
+
+    def take_compat(self) -> dict[str, int]:
+        """The --client-compat adjustments counted since the last call (by action and field)."""
+        with self._lock:
+            out, self._compat = dict(self._compat), Counter()
+        return out
 
     def _count(self, key: str) -> None:
         with self._lock:
@@ -107,12 +134,14 @@ class Recorder:
 
     def rejected(self, request_id: int, job: GenerationJob, error: ApiError, prepare_s: float) -> None:
         self._count("rejected")
+        self._count_compat(job)
         self.log.emit(
             "request_rejected",
             request_id=request_id,
             protocol=job.protocol,
             phase="prepare",
             shape=job.shape,
+            compat_adjustments=adjustments(job),
             media_items=job.shape.get("media_items", 0),
             prepare_seconds=prepare_s,
             http=error.describe(),
@@ -128,6 +157,7 @@ class Recorder:
         stats: RequestStats,
     ) -> None:
         self._count("started")
+        self._count_compat(job)
         config = _config(job, request, prepared)
         with self._lock:
             self._configs[request_id] = config
@@ -135,6 +165,7 @@ class Recorder:
             "request_start",
             request_id=request_id,
             shape=job.shape,
+            compat_adjustments=adjustments(job),
             prompt_tokens=len(prepared.token_ids),
             media_items=prepared.media_items,
             media=prepared.media_log,
@@ -167,6 +198,7 @@ class Recorder:
             timings_seconds=timings,
             speculative={**SPECULATIVE_OFF, **stats.speculative},
             compilations=stats.compilations,
+            compat_adjustments=adjustments(job),
             **cold,
         )
         logger().info(
@@ -192,6 +224,7 @@ class Recorder:
             "request_error",
             request_id=request_id,
             config=config,
+            compat_adjustments=adjustments(job),
             message=error.message,
             http=error.describe(),
             completion_tokens=stats.completion_tokens if stats else 0,

@@ -53,6 +53,7 @@ class ServiceRuntime:
         self.ctx = ApiContext(
             vision=options.vision,
             model_id=options.model_id,
+            client_compat=options.client_compat,
             response_store=ResponseStore(options.response_store_max_records, options.response_store_max_mib),
         )
         self.log = RequestLog(options.request_log_path, instance_id, options.artifact)
@@ -156,7 +157,7 @@ class ServiceRuntime:
         self.ctx.pipeline = pipeline
         media_bytes = media.preparer.cache if media is not None else None  # live / retained media bytes
         self.reporter = ThroughputReporter(
-            self.engine, self.log, self.options.log_stats_interval_ms, media_bytes
+            self.engine, self.log, self.options.log_stats_interval_ms, media_bytes, self.recorder.take_compat
         )
         self.reporter.start()
         self.ready = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from typing import Any, Protocol
 
@@ -48,9 +49,15 @@ class ThroughputReporter:
     """
 
     def __init__(
-        self, engine: Any, log: RequestLog, interval_ms: int, media: MediaBytes | None = None
+        self,
+        engine: Any,
+        log: RequestLog,
+        interval_ms: int,
+        media: MediaBytes | None = None,
+        compat: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.engine = engine
+        self.compat = compat  # --client-compat adjustments counted since the last interval
         self.media = media
         self.log = log
         self.interval_s = interval_ms / 1000.0
@@ -87,7 +94,8 @@ class ThroughputReporter:
                 media = {"media_live_bytes": live, "media_cached_bytes": retained}
                 busy = busy or live > retained  # payloads still held by requests or the engine
             was_busy, self._was_busy = self._was_busy, busy
-            if not busy and not was_busy and not any(deltas.get(k) for k in COUNTS):
+            compat = self.compat() if self.compat is not None else {}
+            if not busy and not was_busy and not compat and not any(deltas.get(k) for k in COUNTS):
                 return None
             rounds = int(deltas.get("decode_rounds", 0))
             event: dict[str, Any] = {
@@ -98,6 +106,7 @@ class ThroughputReporter:
                 "decode_tokens_per_second": deltas.get("decode_tokens", 0) / dt if dt > 0 else 0.0,
                 "avg_decode_batch": deltas.get("decode_row_rounds", 0) / rounds if rounds else 0.0,
                 "scheduler": snap,
+                "compat_adjustment_counts": compat,
                 **media,
             }
             tier = getattr(self.engine, "cold_tier", None)
@@ -106,7 +115,7 @@ class ThroughputReporter:
             self.log.emit("throughput", **event)
         logger().info(
             "throughput: prefill %.1f tok/s, decode %.1f tok/s, batch %.2f, running %s, waiting %s, "
-            "free pages %s/%s",
+            "free pages %s/%s, compat adjustments %d",
             event["prefill_tokens_per_second"],
             event["decode_tokens_per_second"],
             event["avg_decode_batch"],
@@ -114,5 +123,6 @@ class ThroughputReporter:
             snap.get("waiting", "?"),
             snap.get("free_pages", "?"),
             snap.get("total_pages", "?"),
+            sum(compat.values()),
         )
         return event

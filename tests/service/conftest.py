@@ -151,3 +151,27 @@ def scripted_server(tmp_path_factory: pytest.TempPathFactory, demo_cache: Path) 
     )
     yield srv
     assert stop_server(srv) == 0, srv.stderr_path.read_text()[-3000:]
+
+
+@pytest.fixture(scope="package")
+def compat_server(tmp_path_factory: pytest.TempPathFactory, demo_cache: Path) -> Iterator[Server]:
+    """--client-compat over the terse test model (turns end after a few tokens), shared by the
+    real-client test modules; auth on, seed fixed, context 16384."""
+    from tests.service.terse_artifact import ensure_terse_artifact
+
+    artifact = ensure_terse_artifact(demo_cache)
+    srv = start_server(
+        tmp_path_factory.mktemp("compat"),
+        [
+            f"model.artifact={artifact}",
+            "engine.device=cpu",
+            "engine.max_context=16384",
+            "kv.capacity=16384",
+            "server.client_compat=true",
+            "sampling.seed=0",
+            "logging.log_stats_interval_ms=500",
+        ],
+        demo_cache,
+    )
+    yield srv
+    assert stop_server(srv) == 0, srv.stderr_path.read_text()[-3000:]

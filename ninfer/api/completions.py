@@ -1,0 +1,167 @@
+"""POST /v1/completions: legacy OpenAI text completions over the raw prompt (no chat template).
+
+One prompt per request (a string, token ids, or a one-element array of either); `max_tokens`,
+`stop`, `echo` and `stream` (with `stream_options.include_usage`) work. The engine returns no
+token logprobs, so `logprobs` is refused with a 400 rather than answered with invented numbers.
+Generation runs with thinking off and no tool parsing: the visible text is returned as is.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import falcon
+
+from ninfer.api import fields as f
+from ninfer.api import sse
+from ninfer.api.chat_request import sampling_params
+from ninfer.api.context import ApiContext
+from ninfer.api.errors import ApiError, internal, invalid, unsupported
+from ninfer.api.events import Finished, GenerationJob, TextDelta
+from ninfer.api.fields import parse_body
+from ninfer.api.parse_guard import guarded
+from ninfer.api.pipeline import Generation
+from ninfer.frontend.conversation import Conversation
+from ninfer.frontend.options import RequestOptions
+
+KNOWN = (
+    "model", "prompt", "max_tokens", "stop", "echo", "logprobs", "stream", "stream_options",
+    "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed", "n",
+    "best_of", "suffix", "user",
+)  # fmt: skip
+
+
+def prompt_ids(value: Any, tokenizer: Any, param: str = "prompt") -> tuple[tuple[int, ...], str]:
+    """(token ids, prompt text) of a string or token-id prompt; a batch must hold one prompt."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+        value = value[0]
+    if isinstance(value, str):
+        if not value:
+            raise invalid(param, "prompt must not be empty", "invalid_value")
+        return tuple(tokenizer.encode(value)), value
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    ):
+        vocab = tokenizer.vocab_size
+        if any(t < 0 or t >= vocab for t in value):
+            raise invalid(param, f"token ids must be in 0..{vocab - 1}", "invalid_value")
+        return tuple(value), tokenizer.decode(value)
+    raise invalid(
+        param, "prompt must be a non-empty string or token-id array (one prompt per request)", "invalid_type"
+    )
+
+
+@guarded
+def parse(body: dict[str, Any], ctx: ApiContext) -> tuple[GenerationJob, str, str, bool]:
+    """The job, the model label, the prompt text (for echo), and include_usage."""
+    f.reject_unknown(body, KNOWN)
+    model = f.req_str(body, "model")
+    ctx.check_model(model)
+    if body.get("logprobs") not in (None, False, 0):
+        raise unsupported("logprobs", "logprobs are not supported: the engine does not return token logprobs")
+    for key in ("n", "best_of"):
+        if f.opt_int(body, key, 1) not in (None, 1):
+            raise unsupported(key, f"{key} must be 1: one completion per request")
+    if f.opt_str(body, "suffix"):
+        raise unsupported("suffix", "suffix (insertion) is not supported")
+    if body.get("prompt") is None:
+        raise invalid("prompt", "missing required parameter: 'prompt'", "missing_required_parameter")
+    ids, text = prompt_ids(body["prompt"], ctx.tokenizer())
+    max_tokens = f.opt_int(body, "max_tokens", 1)
+    stream = bool(f.opt_bool(body, "stream"))
+    options = f.opt_dict(body, "stream_options")
+    if options is not None and not stream:
+        raise invalid("stream_options", "stream_options is only allowed with stream=true")
+    f.reject_unknown(options or {}, ("include_usage",), "stream_options.")
+    include_usage = bool(f.opt_bool(options or {}, "include_usage", "stream_options.include_usage"))
+    echo = bool(f.opt_bool(body, "echo"))
+    job = GenerationJob(
+        protocol="completions",
+        conversation=Conversation(messages=[]),
+        controls=RequestOptions(),
+        params=sampling_params(body, max_tokens),
+        max_tokens_given=max_tokens is not None,
+        stream=stream,
+        shape={"prompt_tokens_given": len(ids), "stream": stream, "echo": echo, "tools": 0},
+        raw_prompt=ids,
+    )
+    return job, model, text if echo else "", include_usage
+
+
+def _usage(done: Finished) -> dict[str, int]:
+    u = done.usage
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+    }
+
+
+def _finish(done: Finished) -> str:
+    return "length" if done.finish == "length" else "stop"
+
+
+def _stream(gen: Generation, head: dict[str, Any], echo: str, include_usage: bool) -> Iterator[bytes]:
+    def chunk(text: str, finish: str | None = None) -> bytes:
+        body = {**head, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+        return sse.frame({**body, "usage": None} if include_usage else body)
+
+    try:
+        if echo:
+            yield chunk(echo)
+        for event in gen.events():
+            if isinstance(event, TextDelta):
+                yield chunk(event.text)
+            elif isinstance(event, Finished):
+                yield chunk("", _finish(event))
+                if include_usage:
+                    yield sse.frame({**head, "choices": [], "usage": _usage(event)})
+        yield sse.DONE
+    except ApiError as exc:
+        yield sse.frame(exc.body("openai"))
+        yield sse.DONE
+    except Exception as exc:
+        logging.getLogger("ninfer.api").exception("completion stream failed")
+        yield sse.frame(internal(f"internal error: {type(exc).__name__}").body("openai"))
+        yield sse.DONE
+    finally:
+        gen.close()
+
+
+class CompletionsResource:
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        pipeline = self.ctx.require_pipeline()
+        job, model, echo, include_usage = parse(parse_body(req.context.body), self.ctx)
+        gen = pipeline.open(job, getattr(req.context, "client_gone", None))
+        head = {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.ctx.model_id or model,
+        }
+        resp.set_header("x-request-id", str(gen.request_id))
+        if job.stream:
+            resp.content_type = sse.CONTENT_TYPE
+            resp.set_headers(sse.headers())
+            resp.stream = _stream(gen, head, echo, include_usage)
+            return
+        try:
+            done = gen.collect()
+        finally:
+            gen.close()
+        text = echo + "".join(p for p in (done.reasoning, done.content) if p)
+        choice = {"index": 0, "text": text, "finish_reason": _finish(done), "logprobs": None}
+        resp.media = {**head, "choices": [choice], "usage": _usage(done)}
+
+
+def routes(ctx: ApiContext) -> list[tuple[str, object]]:
+    return [("/v1/completions", CompletionsResource(ctx))]
