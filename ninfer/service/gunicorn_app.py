@@ -101,6 +101,7 @@ class NinferApplication(BaseApplication):
         """Runs in the worker: build the runtime, start loading, return the WSGI app at once."""
         from ninfer.service.app import create_app
         from ninfer.service.request_id import RequestIdMiddleware
+        from ninfer.service.router_compat import RouterCompatMiddleware
         from ninfer.service.telemetry import TracingMiddleware
 
         runtime = self.runtime_factory()
@@ -118,7 +119,7 @@ class NinferApplication(BaseApplication):
             metrics=runtime.metrics.render,
             metrics_open=opts.metrics_open,
         )
-        return RequestIdMiddleware(TracingMiddleware(app, runtime.tracing))
+        return RequestIdMiddleware(TracingMiddleware(RouterCompatMiddleware(app), runtime.tracing))
 
     def install_drain(self, worker: Any) -> None:
         """SIGTERM: readiness turns 503 and new requests get 503 + Retry-After at once, while the
