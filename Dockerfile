@@ -22,7 +22,8 @@ COPY pyproject.toml README.md ./
 COPY ninfer ./ninfer
 COPY conf ./conf
 COPY compile_cache ./compile_cache
-RUN pip install torch && pip install ".[gpu]"
+# vllm-router: the router Deployment (ops/deploy/router.yaml) runs from this image too
+RUN pip install torch && pip install ".[gpu]" "vllm-router>=0.1.17"
 
 EXPOSE 8080
 HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 \

@@ -152,6 +152,7 @@ class ServerSettings(BaseSettings):
     response_store_max_records: Int = Field(1024, ge=1)
     response_store_max_mib: Int = Field(256, ge=1)
     drain_timeout_s: Float = Field(30.0, ge=0.0, allow_inf_nan=False)  # graceful-shutdown wait
+    metrics_open: bool = False  # GET /metrics without the API key (a scraper on a private network)
     # a started request's head must arrive within header_timeout_s, its body within body_timeout_s
     # after the head (else 408); an idle connection is closed after keepalive_s
     header_timeout_s: Float = Field(10.0, gt=0.0, le=3600.0, allow_inf_nan=False)

@@ -41,8 +41,8 @@ the flag translation are generated from these rows, so the flags and the keys ca
     --temperature F ... --seed N   sampling.<name>
     --greedy                       sampling.greedy=true
 
-Beyond the contract: ``--dtype`` (engine.dtype), ``--log-level`` (logging.level) and
-``--client-compat`` (server.client_compat=true).
+Beyond the contract: ``--dtype`` (engine.dtype), ``--log-level`` (logging.level),
+``--client-compat`` (server.client_compat=true) and ``--metrics-open`` (server.metrics_open).
 """
 
 from __future__ import annotations
@@ -242,6 +242,9 @@ CONTRACT_OPTIONS: tuple[Option, ...] = (
 )
 
 EXTRA_OPTIONS: tuple[Option, ...] = (
+    _s(
+        "--metrics-open", "server.metrics_open", "serve GET /metrics without the API key", "follows --api-key"
+    ),
     _v(
         "--dtype",
         "auto|bfloat16|float32",

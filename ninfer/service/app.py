@@ -9,6 +9,7 @@ import falcon
 
 from ninfer.api.context import ApiContext
 from ninfer.service.disconnect import ClientWatch
+from ninfer.service.metrics import CONTENT_TYPE
 from ninfer.service.middleware import ApiKeyAuth, BodyLimit, install_error_handlers
 
 # Protocol adapters; each module exposes `routes(ctx) -> [(path, resource)]`. A module that is not
@@ -24,7 +25,8 @@ ROUTE_MODULES = (
 
 
 class HealthResource:
-    """200 {"status":"ok"} once the engine is ready; 503 while loading (or after a failed load)."""
+    """Readiness (/health): 200 {"status":"ok"} once the engine is ready; 503 while loading, draining
+    or after a failed load. Liveness (/livez): the same resource over `runtime.liveness`."""
 
     def __init__(self, status: Callable[[], tuple[int, dict[str, object]]]) -> None:
         self._status = status
@@ -33,6 +35,18 @@ class HealthResource:
         code, body = self._status()
         resp.status = falcon.code_to_http_status(code)
         resp.media = body
+
+
+class MetricsResource:
+    """GET /metrics: the Prometheus text exposition (auth follows --api-key unless --metrics-open)."""
+
+    def __init__(self, render: Callable[[], bytes], content_type: str) -> None:
+        self._render = render
+        self._content_type = content_type
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = self._content_type
+        resp.data = self._render()
 
 
 def _route_modules() -> list[object]:
@@ -54,16 +68,23 @@ def create_app(
     cors: bool,
     max_request_bytes: int,
     extra_routes: list[tuple[str, object]] | None = None,
+    liveness: Callable[[], tuple[int, dict[str, object]]] | None = None,
+    metrics: Callable[[], bytes] | None = None,
+    metrics_open: bool = False,
 ) -> falcon.App:
     middleware: list[object] = []
     if api_key:
-        middleware.append(ApiKeyAuth(api_key))
+        middleware.append(ApiKeyAuth(api_key, frozenset({"/metrics"}) if metrics_open else frozenset()))
     middleware.append(BodyLimit(max_request_bytes))
     middleware.append(ClientWatch())
     app = falcon.App(middleware=middleware, cors_enable=cors)
     app.req_options.strip_url_path_trailing_slash = True
     install_error_handlers(app)
     app.add_route("/health", HealthResource(health))
+    if liveness is not None:
+        app.add_route("/livez", HealthResource(liveness))
+    if metrics is not None:
+        app.add_route("/metrics", MetricsResource(metrics, CONTENT_TYPE))
     for mod in _route_modules():
         for path, resource in mod.routes(ctx):  # type: ignore[attr-defined]
             app.add_route(path, resource)

@@ -100,6 +100,8 @@ class NinferApplication(BaseApplication):
     def load(self) -> Any:
         """Runs in the worker: build the runtime, start loading, return the WSGI app at once."""
         from ninfer.service.app import create_app
+        from ninfer.service.request_id import RequestIdMiddleware
+        from ninfer.service.router_compat import RouterCompatMiddleware
         from ninfer.service.telemetry import TracingMiddleware
 
         runtime = self.runtime_factory()
@@ -113,20 +115,33 @@ class NinferApplication(BaseApplication):
             api_key=opts.api_key,
             cors=opts.cors,
             max_request_bytes=opts.max_request_bytes,
+            liveness=runtime.liveness,
+            metrics=runtime.metrics.render,
+            metrics_open=opts.metrics_open,
         )
-        return TracingMiddleware(app, runtime.tracing)
+        return RequestIdMiddleware(TracingMiddleware(RouterCompatMiddleware(app), runtime.tracing))
 
     def install_drain(self, worker: Any) -> None:
-        """SIGTERM: stop admitting at once and drain the engine on a thread; gunicorn keeps serving the
-        in-flight responses, and `worker_exit` closes the log once they are released."""
+        """SIGTERM: readiness turns 503 and new requests get 503 + Retry-After at once, while the
+        listener stays open (a router sees the 503s instead of refused connections); the engine
+        drains on a thread (in-flight requests finish within `drain_timeout_s`), then gunicorn's own
+        handler stops the worker, which still writes out the last responses, and `worker_exit`
+        closes the log once they are released."""
         previous = signal.getsignal(signal.SIGTERM)
         runtime = self.runtime
 
+        def drain_then_stop(signum: int, frame: Any) -> None:
+            try:
+                runtime.drain()
+            finally:
+                if callable(previous):
+                    previous(signum, frame)
+
         def on_term(signum: int, frame: Any) -> None:
             runtime.begin_drain()
-            threading.Thread(target=runtime.drain, name="ninfer-drain", daemon=True).start()
-            if callable(previous):
-                previous(signum, frame)
+            threading.Thread(
+                target=drain_then_stop, args=(signum, frame), name="ninfer-drain", daemon=True
+            ).start()
 
         signal.signal(signal.SIGTERM, on_term)
         logging.getLogger("gunicorn.error").debug("drain handler installed")

@@ -10,18 +10,20 @@ import falcon
 from ninfer.api.errors import ApiError, dialect_for_path, internal
 from ninfer.service.console import logger
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/livez"})
 _READ_CHUNK = 1 << 20
 
 
 class ApiKeyAuth:
-    """Require the key as `Authorization: Bearer` or `x-api-key` everywhere but /health and preflight."""
+    """Require the key as `Authorization: Bearer` or `x-api-key` everywhere but the probes, preflight
+    and the `extra_open` paths (/metrics with `--metrics-open`)."""
 
-    def __init__(self, api_key: str) -> None:
+    def __init__(self, api_key: str, extra_open: frozenset[str] = frozenset()) -> None:
         self._key = api_key.encode("utf-8")
+        self._open = OPEN_PATHS | extra_open
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if req.method == "OPTIONS" or req.path in OPEN_PATHS:
+        if req.method == "OPTIONS" or req.path in self._open:
             return
         given = req.get_header("x-api-key")
         if given is None:

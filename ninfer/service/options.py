@@ -35,6 +35,7 @@ class ServiceOptions:
     service_name: str
     artifact: str | None
     drain_timeout_s: float = 30.0
+    metrics_open: bool = False
     response_store_max_records: int = 1024
     response_store_max_mib: int = 256
     header_timeout_s: float = 10.0
@@ -82,6 +83,7 @@ def from_settings(settings: Any) -> ServiceOptions:
         service_name=str(_get(telemetry, "service_name", "ninfer")),
         artifact=None if _get(model, "artifact") is None else str(model.artifact),
         drain_timeout_s=float(_get(server, "drain_timeout_s", 30.0)),
+        metrics_open=bool(_get(server, "metrics_open", False)),
         response_store_max_records=int(_get(server, "response_store_max_records", 1024)),
         response_store_max_mib=int(_get(server, "response_store_max_mib", 256)),
         header_timeout_s=float(_get(server, "header_timeout_s", 10.0)),

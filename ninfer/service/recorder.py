@@ -13,6 +13,7 @@ from ninfer.api.events import GenerationJob
 from ninfer.api.ports import Prepared
 from ninfer.engine.api import GenerationRequest, RequestStats
 from ninfer.service.console import logger
+from ninfer.service.metrics import ServiceMetrics
 from ninfer.service.request_log import RequestLog
 from ninfer.service.telemetry import Tracing
 
@@ -109,9 +110,10 @@ def adjustments(job: GenerationJob) -> list[dict[str, str]]:
 class Recorder:
     """Implements `ninfer.api.ports.Observer` for the service."""
 
-    def __init__(self, log: RequestLog, tracing: Tracing) -> None:
+    def __init__(self, log: RequestLog, tracing: Tracing, metrics: ServiceMetrics | None = None) -> None:
         self.log = log
         self.tracing = tracing
+        self.metrics = metrics
         self._lock = threading.Lock()
         self._configs: dict[int, dict[str, Any]] = {}
         self.counts = {"started": 0, "rejected": 0, "done": 0, "error": 0}
@@ -135,6 +137,8 @@ class Recorder:
     def rejected(self, request_id: int, job: GenerationJob, error: ApiError, prepare_s: float) -> None:
         self._count("rejected")
         self._count_compat(job)
+        if self.metrics is not None:
+            self.metrics.observe_error(error.status, error.code)
         self.log.emit(
             "request_rejected",
             request_id=request_id,
@@ -181,6 +185,8 @@ class Recorder:
             self._configs.pop(request_id, None)
         timings = phase_seconds(summary["prepare_s"], stats)
         cold = cold_tier_fields(stats)
+        if self.metrics is not None:
+            self.metrics.observe_done(summary["finish_reason"], summary["completion_tokens"], timings, stats)
         self.log.emit(
             "request_done",
             request_id=request_id,
@@ -218,6 +224,8 @@ class Recorder:
         self, request_id: int, job: GenerationJob, error: ApiError, stats: RequestStats | None
     ) -> None:
         self._count("error")
+        if self.metrics is not None:
+            self.metrics.observe_error(error.status, error.code)
         with self._lock:
             config = self._configs.pop(request_id, None) or _config(job, None, None)
         self.log.emit(

@@ -14,6 +14,7 @@ from ninfer.api.context import ApiContext
 from ninfer.api.pipeline import Pipeline, PipelineConfig
 from ninfer.api.response_store import ResponseStore
 from ninfer.service.console import logger
+from ninfer.service.metrics import ServiceMetrics
 from ninfer.service.options import ServiceOptions
 from ninfer.service.recorder import Recorder
 from ninfer.service.request_log import RequestLog, redact_argv
@@ -61,8 +62,9 @@ class ServiceRuntime:
             options.trace_exporter, options.otlp_endpoint, options.service_name, instance_id
         )
         self.tracing.model_id = lambda: self.ctx.model_id
-        self.recorder = Recorder(self.log, self.tracing)
         self.engine: Any = None
+        self.metrics = ServiceMetrics(lambda: self.ctx.model_id, lambda: self.engine if self.ready else None)
+        self.recorder = Recorder(self.log, self.tracing, self.metrics)
         self.ready = False
         self.error: str | None = None
         self.reporter: ThroughputReporter | None = None
@@ -94,6 +96,15 @@ class ServiceRuntime:
         if late is None:
             return 200, {"status": "ok"}
         return 200, {"status": "ok", "late_compiles": late(), "late_kernels": self.engine.late_kernels()}
+
+    def liveness(self) -> tuple[int, dict[str, object]]:
+        """200 while the process is alive, loading and draining included (a liveness probe must not
+        kill a pod during a cold start); 503 once the load failed or the engine thread died."""
+        error = self.error or getattr(self.engine, "error", None)
+        if error is not None:
+            return 503, {"status": "error", "message": error}
+        state = "draining" if self.ctx.draining else "ok" if self.ready else "loading"
+        return 200, {"status": state}
 
     def _load(self) -> None:
         try:

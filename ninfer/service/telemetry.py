@@ -12,6 +12,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from ninfer.service.request_id import client_request_id
 
 EXPORTERS = ("none", "console", "otlp")
 
@@ -118,6 +121,21 @@ class Tracing:
             self.provider.shutdown()
 
 
+class _EnvironGetter:
+    """Reads W3C trace-context headers from a WSGI environ (`traceparent` -> HTTP_TRACEPARENT)."""
+
+    def get(self, carrier: dict[str, Any], key: str) -> list[str] | None:
+        value = carrier.get("HTTP_" + key.upper().replace("-", "_"))
+        return [value] if isinstance(value, str) else None
+
+    def keys(self, carrier: dict[str, Any]) -> list[str]:
+        return [k[5:].lower().replace("_", "-") for k in carrier if k.startswith("HTTP_")]
+
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_ENVIRON_GETTER = _EnvironGetter()
+
+
 class TracingMiddleware:
     """WSGI middleware: the SERVER span ends only after the body iterable is exhausted or closed."""
 
@@ -130,7 +148,12 @@ class TracingMiddleware:
         if tracer is None:
             return self.app(environ, start_response)
         method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/")
-        span = tracer.start_span(f"{method} {path}", kind=trace.SpanKind.SERVER)
+        # W3C traceparent / tracestate: the SERVER span joins the caller's (router's) trace
+        parent = _PROPAGATOR.extract(environ, getter=_ENVIRON_GETTER)
+        span = tracer.start_span(f"{method} {path}", context=parent, kind=trace.SpanKind.SERVER)
+        given = client_request_id(environ)
+        if given is not None:
+            span.set_attribute("http.request.header.x-request-id", given)
         span.set_attribute("http.request.method", method)
         span.set_attribute("url.path", path)
 

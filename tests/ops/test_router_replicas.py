@@ -1,0 +1,36 @@
+"""3 demo replicas on the CPU behind vllm-router (`cache_aware`), through ops/router/replicas.py,
+kept small for the suite (the full 60-conversation run is the ops script's): later turns keep
+their prefix reuse on Chat and Messages, a Responses continuation finds its stored response, load
+reaches every replica, and after one replica gets SIGTERM every request succeeds on the others."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from ninfer.artifact import ensure_demo_artifact
+from ops.router import replicas as rr
+
+
+def test_replicas_behind_vllm_router(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    ensure_demo_artifact(cache)
+    with rr.cluster(3, tmp_path, cache) as (router, workers):
+        base = [rr.served(w.url) for w in workers]
+        tally = rr.drive(router.url, 0, 6, 2, 2, 3, responses=False)
+        assert tally.failures == []
+        assert tally.later_turns == 6 and tally.reused_turns / tally.later_turns >= 0.9
+        assert rr._responses_pair(router.url, 1, 16)
+        per = [rr.served(w.url) - b for w, b in zip(workers, base, strict=True)]
+        assert sum(per) == 14 and min(per) > 0, per  # every replica served
+
+        victim = workers[-1]
+        victim.proc.send_signal(signal.SIGTERM)
+        time.sleep(3.0)  # the router's 1 s health check sees /health 503, then the port closes
+        before = [rr.served(w.url) for w in workers[:-1]]
+        after = rr.drive(router.url, 100, 3, 2, 2, 3, responses=False)
+        assert after.failures == []
+        gained = [rr.served(w.url) - b for w, b in zip(workers[:-1], before, strict=True)]
+        assert sum(gained) == 6  # every request after the stop went to the survivors
+        assert victim.proc.wait(timeout=60) == 0
