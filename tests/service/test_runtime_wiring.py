@@ -57,7 +57,7 @@ def test_health_reports_an_engine_thread_failure_and_requests_fail_at_once() -> 
         create_app(runtime.ctx, runtime.health, api_key=None, cors=False, max_request_bytes=1 << 20)
     )
     ok = client.simulate_get("/health")
-    assert (ok.status_code, ok.json) == (200, {"status": "ok"})
+    assert (ok.status_code, ok.json) == (200, {"status": "ok", "late_compiles": 0, "late_kernels": {}})
     handle = engine.submit(engine.reserve(), GenerationRequest("r", (1, 2, 3), SamplingParams(max_tokens=2)))
     engine.start()
     with pytest.raises(EngineError, match="capture failed"):
