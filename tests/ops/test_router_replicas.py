@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 from ninfer.artifact import ensure_demo_artifact
+from ninfer.artifact.demo import default_cache_dir
 from ops.router import replicas as rr
 
 
 def test_replicas_behind_vllm_router(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
+    cache = default_cache_dir()  # the demo artifact the rest of the suite uses (built once)
     ensure_demo_artifact(cache)
     with rr.cluster(3, tmp_path, cache) as (router, workers):
         base = [rr.served(w.url) for w in workers]
