@@ -4,6 +4,7 @@ per-token mask time (CPU), over a walk of a valid document's tokens.
 `python -m ops.bench.grammar_engines [tokenizer.json]` (default: the demo artifact's tokenizer).
 """
 
+# ruff: noqa: B023  (every lambda is called inside its loop iteration)
 from __future__ import annotations
 
 import glob
@@ -89,7 +90,9 @@ def xgrammar_rows(path: str) -> list[str]:
         per = _walk(lambda: m.fill_next_token_bitmask(mask), lambda t: m.accept_token(t), ids)
         logits = torch.randn(1, VOCAB)
         _, ap = _timed(lambda: xgr.apply_token_bitmask_inplace(logits, mask))
-        rows.append(f"  compile {dt * 1e3:.1f} ms, mask {per * 1e6:.0f} us/token ({len(ids)} tokens), apply {ap * 1e6:.0f} us")
+        rows.append(
+            f"  compile {dt * 1e3:.1f} ms, mask {per * 1e6:.0f} us/token ({len(ids)} tokens), apply {ap * 1e6:.0f} us"
+        )
     return rows
 
 
@@ -111,7 +114,9 @@ def llguidance_rows(path: str) -> list[str]:
         per = _walk(lambda: lt.fill_next_token_bitmask(m, mask, 0), lambda t: m.consume_token(t), ids)
         logits = torch.randn(1, VOCAB)
         _, ap = _timed(lambda: lt.apply_token_bitmask_inplace(logits, mask))
-        rows.append(f"  compile {dt * 1e3:.1f} ms, mask {per * 1e6:.0f} us/token ({len(ids)} tokens), apply {ap * 1e6:.0f} us")
+        rows.append(
+            f"  compile {dt * 1e3:.1f} ms, mask {per * 1e6:.0f} us/token ({len(ids)} tokens), apply {ap * 1e6:.0f} us"
+        )
     return rows
 
 
