@@ -15,6 +15,7 @@ from ninfer.api.context import ApiContext
 from ninfer.api.errors import ApiError, internal
 from ninfer.api.events import (
     Finished,
+    LogprobsDelta,
     ReasoningDelta,
     TextDelta,
     ToolCallArgumentsDelta,
@@ -49,12 +50,13 @@ def completion_body(rid: str, created: int, model: str, done: Finished) -> dict[
             }
             for c in done.tool_calls
         ]
+    logprobs = None if done.logprobs is None else {"content": list(done.logprobs), "refusal": None}
     return {
         "id": rid,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": done.finish, "logprobs": None}],
+        "choices": [{"index": 0, "message": message, "finish_reason": done.finish, "logprobs": logprobs}],
         "usage": usage_body(done.usage),
     }
 
@@ -66,11 +68,13 @@ class ChunkStream:
         self.head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
         self.include_usage = include_usage
 
-    def chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        body: dict[str, Any] = {
-            **self.head,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
+    def chunk(
+        self, delta: dict[str, Any], finish: str | None = None, logprobs: dict[str, Any] | None = None
+    ) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+        if logprobs is not None:
+            choice["logprobs"] = logprobs
+        body: dict[str, Any] = {**self.head, "choices": [choice]}
         if self.include_usage:
             body["usage"] = None
         return sse.frame(body)
@@ -84,7 +88,9 @@ def stream_chunks(gen: Generation, chunks: ChunkStream) -> Iterator[bytes]:
     try:
         yield chunks.chunk({"role": "assistant", "content": ""})
         for event in gen.events():
-            if isinstance(event, TextDelta):
+            if isinstance(event, LogprobsDelta):
+                yield chunks.chunk({}, logprobs={"content": list(event.entries), "refusal": None})
+            elif isinstance(event, TextDelta):
                 yield chunks.chunk({"content": event.text})
             elif isinstance(event, ReasoningDelta):
                 yield chunks.chunk({"reasoning_content": event.text})

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ninfer.api import fields as f
@@ -11,7 +12,7 @@ from ninfer.api.context import ApiContext
 from ninfer.api.errors import invalid, unsupported
 from ninfer.api.events import GenerationJob
 from ninfer.api.parse_guard import guarded
-from ninfer.engine.api import SamplingParams
+from ninfer.engine.api import ConstraintSpec, SamplingParams
 from ninfer.frontend.conversation import Conversation, ImagePart, Message, TextPart, Tool, ToolCall, VideoPart
 from ninfer.frontend.options import RequestOptions
 
@@ -135,16 +136,44 @@ def _tools(body: dict[str, Any]) -> list[Tool]:
 def _check_unsupported(body: dict[str, Any]) -> None:
     if f.opt_int(body, "n", 1) not in (None, 1):
         raise unsupported("n", "only n=1 is supported")
-    if f.opt_bool(body, "logprobs"):
-        raise unsupported("logprobs", "logprobs are not supported")
-    if f.opt_int(body, "top_logprobs", 0) not in (None, 0):
-        raise unsupported("top_logprobs", "logprobs are not supported")
-    fmt = f.opt_dict(body, "response_format")
-    if fmt is not None and fmt.get("type") != "text":
-        raise unsupported("response_format", "only response_format {'type': 'text'} is supported")
     if f.opt_bool(body, "parallel_tool_calls") is False:
         raise unsupported("parallel_tool_calls", "parallel_tool_calls=false is not supported")
     f.opt_str(body, "user")
+
+
+def response_format(fmt: dict[str, Any] | None, param: str) -> ConstraintSpec | None:
+    """OpenAI `response_format` (Chat) -> the answer's grammar (None for text)."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ConstraintSpec("json_object", param=param)
+    if kind != "json_schema":
+        raise invalid(f"{param}.type", "response_format.type must be 'text', 'json_object' or 'json_schema'")
+    spec = f.as_dict(fmt.get("json_schema"), f"{param}.json_schema")
+    return schema_constraint(spec, f"{param}.json_schema")
+
+
+def schema_constraint(spec: dict[str, Any], param: str) -> ConstraintSpec:
+    """{name, schema, strict} -> a json_schema constraint; an absent schema admits any JSON."""
+    f.req_str(spec, "name", f"{param}.name")
+    schema = f.opt_dict(spec, "schema", f"{param}.schema")
+    strict = bool(f.opt_bool(spec, "strict", f"{param}.strict"))
+    if schema is None:
+        return ConstraintSpec("json_object", param=f"{param}.schema")
+    return ConstraintSpec("json_schema", json.dumps(schema), strict=strict, param=f"{param}.schema")
+
+
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """`logprobs` / `top_logprobs` (0..20) -> the engine's top count, None when off."""
+    top = f.opt_int(body, "top_logprobs", 0, 20)
+    if not f.opt_bool(body, "logprobs"):
+        if top is not None:
+            raise invalid("top_logprobs", "top_logprobs requires logprobs=true")
+        return None
+    return top or 0
 
 
 def _controls(body: dict[str, Any]) -> RequestOptions:
@@ -172,7 +201,7 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
     if legacy is not None and current is not None and legacy != current:
         raise invalid("max_completion_tokens", "max_tokens and max_completion_tokens disagree")
     max_tokens = current if current is not None else legacy
-    params = sampling_params(body, max_tokens)
+    params = replace(sampling_params(body, max_tokens), logprobs=_logprobs(body))
     stream = bool(f.opt_bool(body, "stream"))
     options = f.opt_dict(body, "stream_options")
     if options is not None and not stream:
@@ -187,6 +216,7 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
     if choice == "none":
         tools = []
     job = GenerationJob(
+        constraint=response_format(f.opt_dict(body, "response_format"), "response_format"),
         protocol="chat_completions",
         conversation=Conversation(messages=messages, tools=tools),
         controls=_controls(body),

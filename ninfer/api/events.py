@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ninfer.engine.api import SamplingParams
+from ninfer.engine.api import ConstraintSpec, SamplingParams
 from ninfer.frontend import parser
 from ninfer.frontend.conversation import ToolCall
 from ninfer.frontend.options import RequestOptions
@@ -24,6 +24,7 @@ __all__ = [
     "FinishKind",
     "Finished",
     "GenerationJob",
+    "LogprobsDelta",
     "Protocol",
     "ReasoningDelta",
     "TextDelta",
@@ -65,9 +66,19 @@ class Finished:
     content: str
     tool_calls: tuple[ToolCall, ...]  # arguments decoded; `arguments_json` gives the streamed text
     stop_string: str | None = None
+    # with logprobs requested: one entry per generated token (a stop token excluded), in order
+    logprobs: tuple[dict[str, Any], ...] | None = None
 
 
-Event = parser.Event | Finished
+@dataclass(frozen=True)
+class LogprobsDelta:
+    """The logprobs of one engine step's tokens, in OpenAI's entry shape: {token, logprob, bytes,
+    top_logprobs: [{token, logprob, bytes}]} (emitted before that step's text events)."""
+
+    entries: tuple[dict[str, Any], ...]
+
+
+Event = parser.Event | Finished | LogprobsDelta
 
 
 @dataclass
@@ -86,3 +97,4 @@ class GenerationJob:
     compat: list[dict[str, str]] = field(default_factory=list)
     # legacy completions: the prompt's token ids as given (no chat template; thinking off)
     raw_prompt: tuple[int, ...] | None = None
+    constraint: ConstraintSpec | None = None  # a grammar for the answer (response_format, tools)

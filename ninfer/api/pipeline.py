@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ninfer.api.errors import ApiError, internal
-from ninfer.api.events import Event, Finished, GenerationJob, Usage
+from ninfer.api.errors import ApiError, internal, invalid, unsupported
+from ninfer.api.events import Event, Finished, GenerationJob, LogprobsDelta, Usage
 from ninfer.api.ports import EnginePort, Handle, Observer, OutputDecoder, Prepared, PromptPort, Ticket
 from ninfer.engine.api import (
     ContextLengthExceeded,
@@ -21,6 +21,7 @@ from ninfer.engine.api import (
     RequestStats,
     StepOutput,
 )
+from ninfer.engine.grammar import GrammarError
 from ninfer.frontend.parser import ParseResult
 
 CANCEL_WAIT_S = 10.0  # bound on waiting for the engine to acknowledge a cancellation
@@ -57,6 +58,8 @@ def engine_error(exc: BaseException) -> ApiError:
     """Map an engine exception to the contract's HTTP error."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, GrammarError):
+        return invalid(exc.param, exc.message)
     if isinstance(exc, EngineOverloaded):
         return ApiError(429, "server_overloaded", "the server is at capacity; retry later", retryable=True)
     if isinstance(exc, QueueTimeout):
@@ -112,6 +115,11 @@ class Pipeline:
         handle: Handle | None = None
         try:
             self.prompts.check_options(job.controls)  # a 400 of its own, not a 429 under load
+            if job.constraint is not None:  # compiled (cached) before admission: a bad schema is a 400
+                check = getattr(self.engine, "check_constraint", None)
+                if check is None:
+                    raise unsupported(job.constraint.param, "constrained output is not available")
+                check(job.constraint)
             ticket = self.engine.reserve()
             # media preparation shares the request's admission deadline
             if job.raw_prompt is not None:  # legacy completions: no template, plain text out
@@ -133,6 +141,7 @@ class Pipeline:
                 turn_checkpoint=prepared.turn_checkpoint,
                 response_checkpoint=prepared.response_checkpoint,
                 multimodal=prepared.multimodal,
+                constraint=job.constraint,
             )
             decoder = self.prompts.decoder(prepared, job.conversation.tools)
             handle = self.engine.submit(ticket, request)
@@ -183,6 +192,7 @@ class Generation:
         self._error: ApiError | None = None
         self._engine_finish: str | None = None
         self._closed = False
+        self._logprobs: list[dict[str, Any]] = []
 
     def prime(self) -> None:
         """Wait for the first output; on failure close the request and raise its HTTP error."""
@@ -241,6 +251,11 @@ class Generation:
         for out in self._steps():
             self._completion_ids.extend(out.token_ids)  # every accepted id, a stop token included
             if out.finish_reason not in ("cancelled", "error"):  # those carry no visible text
+                if out.logprobs:
+                    entries = self._logprob_entries(out)
+                    if entries:
+                        self._logprobs.extend(entries)
+                        yield LogprobsDelta(entries)
                 yield from self._decoder.feed(out)
             if out.finish_reason is not None:
                 finish = out
@@ -258,6 +273,20 @@ class Generation:
         yield from tail
         self._finished = self._final(finish, parse)
         yield self._finished
+
+    def _logprob_entries(self, out: StepOutput) -> tuple[dict[str, Any], ...]:
+        """OpenAI-shaped logprob entries of a step's tokens (a stop token's is not shown)."""
+        tok = getattr(self._pipeline.prompts, "tokenizer", None)
+
+        def entry(token_id: int, logprob: float) -> dict[str, Any]:
+            raw = tok.token_bytes(token_id) if tok is not None else b""
+            return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+
+        return tuple(
+            {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+            for lp in out.logprobs or ()
+            if lp.token_id != out.stop_token_id
+        )
 
     def _final(self, finish: StepOutput, parse: ParseResult) -> Finished:
         calls = tuple(parse.tool_calls)
@@ -277,6 +306,7 @@ class Generation:
             content=parse.content,
             tool_calls=calls,
             stop_string=finish.stop_string,
+            logprobs=tuple(self._logprobs) if self.job.params.logprobs is not None else None,
         )
 
     @property

@@ -39,6 +39,22 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings, matched across token boundaries, text withheld
     stop_token_ids: tuple[int, ...] | None = None  # None = the model's end-of-turn ids
     ignore_eos: bool = False
+    # Log-probabilities of each sampled token and of this many top alternatives (0..20); None = off.
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """A grammar the answer must follow (compiled and cached by `ninfer.engine.grammar`).
+
+    `kind`: "json_schema" (source: the schema as JSON text), "json_object" (any JSON object), or
+    "structural_tag" (source: xgrammar's structural tag JSON, for tool calls). With a thinking
+    request the reasoning stays free; the grammar starts after the end of thinking."""
+
+    kind: Literal["json_schema", "json_object", "structural_tag"]
+    source: str = ""
+    strict: bool = True  # json_schema: properties not listed are refused unless the schema allows them
+    param: str = field(default="", compare=False)  # the request field it came from (error messages)
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,7 @@ class GenerationRequest:
     # Media of an expanded prompt (images / videos): payloads, consumer spans, 3-axis positions.
     # Requires an engine built with a vision tower. The engine closes it when done with it.
     multimodal: MultimodalPrompt | None = None
+    constraint: ConstraintSpec | None = None  # grammar-constrained answer (see ConstraintSpec)
 
 
 @dataclass
@@ -104,6 +121,18 @@ class StepOutput:
     # whatever follows it are never included, and stop tokens add no text. The concatenation
     # of all `text` fields of a request is its exact visible output.
     text: str | None = None
+    # With `SamplingParams.logprobs`: one entry per token of `token_ids`.
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """log-softmax of the processed logits the sampler used (penalties, grammar mask, temperature;
+    greedy rows at temperature 1) at the chosen token, and the `top` (id, logprob) alternatives."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class EngineError(Exception):

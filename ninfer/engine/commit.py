@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ninfer.engine.api import StepOutput
+from ninfer.engine.api import StepOutput, TokenLogprob
 from ninfer.engine.counters import Counters
 from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.plan import DecodePlan, PrefillPlan, StepResult
@@ -41,7 +41,7 @@ class Committer:
         self.counters.add(prefill_tokens=len(plan.tokens), prefill_seconds=result.seconds)
         if result.tokens:
             seq.t_first = now
-            self.token(seq, result.tokens[0], now)
+            self.token(seq, result.tokens[0], now, lp=result.logprobs[0] if result.logprobs else None)
 
     def decode(self, plan: DecodePlan, result: StepResult, now: float, ahead: bool = False) -> None:
         """Commit each row's token (or speculative run), then fix up speculative lane state.
@@ -57,6 +57,7 @@ class Committer:
                 continue
             rows += 1
             run = [result.tokens[i]] if spec is None else spec.runs[i]
+            lp = result.logprobs[i] if result.logprobs and spec is None else None
             if spec is not None:
                 spec_counters.begin_row(seq.stats.speculative, spec.drafted[i])
             n = 0  # a speculative run commits until the request finishes (stop or length)
@@ -65,7 +66,7 @@ class Committer:
                     spec_counters.commit_draft(seq.stats.speculative, n)
                 self.scheduler.decode_fed(seq)
                 n += 1
-                if self.token(seq, token, now, ahead):
+                if self.token(seq, token, now, ahead, lp):
                     break
             decoded += n
             retained = seq.lane is not None and seq.lane.computed > 0
@@ -83,7 +84,9 @@ class Committer:
             decode_seconds=seconds,
         )
 
-    def token(self, seq: Seq, token: int, now: float, ahead: bool = False) -> bool:
+    def token(
+        self, seq: Seq, token: int, now: float, ahead: bool = False, lp: TokenLogprob | None = None
+    ) -> bool:
         """Commit one token; True when it finished the request (`ahead`: see `decode`)."""
         self.scheduler.commit(seq, token)
         try:
@@ -105,6 +108,7 @@ class Committer:
             stop_string=hit.string if hit is not None else None,
             stop_token_id=hit.token_id if hit is not None else None,
             text=text,
+            logprobs=None if lp is None else (lp,),
         )
         if finish is None:
             self.outbox.put(self.handles[seq.id], out)

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ninfer.engine.api import EngineError, EngineStopped, GenerationRequest, QueueTimeout, StepOutput
+from ninfer.engine.api import (
+    ConstraintSpec,
+    EngineError,
+    EngineStopped,
+    GenerationRequest,
+    QueueTimeout,
+    StepOutput,
+)
 from ninfer.engine.cold_tier import build_cold_tier, lane_pools
 from ninfer.engine.commit import Committer
 from ninfer.engine.config import EngineConfig
@@ -45,6 +52,7 @@ from ninfer.model.cache import KVPool, StatePool, kv_storage_dtype
 
 if TYPE_CHECKING:
     from ninfer.engine.cold_tier_store import ColdTierStore
+    from ninfer.engine.grammar import Grammars
     from ninfer.engine.spec.draft_head import DraftHead
 
 log = logging.getLogger("ninfer.engine")
@@ -61,8 +69,10 @@ class Engine:
         draft_head: DraftHead | None = None,
         vision: torch.nn.Module | None = None,
         cold_store: ColdTierStore | None = None,
+        grammars: Grammars | None = None,
     ) -> None:
         self.config = config
+        self.grammars = grammars  # grammar-constrained output (None: refused)
         self.model = model
         self.text_config = model.config
         self.device = torch.device(config.device)
@@ -150,12 +160,16 @@ class Engine:
         from ninfer.engine.compose import engine_parts
 
         model, config, detok, draft_head = engine_parts(settings, artifact)
+        from ninfer.engine.grammar import Grammars
+
+        stops = set(model.config.eos_token_ids)
+        grammars = Grammars(artifact.tokenizer_path, model.config.vocab_size, stops)
         vision = None
         if settings.vision.enabled:
             from ninfer.engine.compose import vision_tower
 
             vision = vision_tower(artifact, config)
-        return cls(model, config, detok, draft_head, vision)
+        return cls(model, config, detok, draft_head, vision, grammars=grammars)
 
     # ----- caller threads -----
     def start(self) -> Engine:
@@ -173,6 +187,13 @@ class Engine:
             if deadline is not None and time.monotonic() > deadline:
                 return False
         return True
+
+    def check_constraint(self, spec: ConstraintSpec) -> None:
+        """Compile (and cache) a request's grammar on the caller's thread, before admission;
+        raises `GrammarError` (or ValueError when this engine has no grammar support)."""
+        if self.grammars is None:
+            raise ValueError("constrained output needs an engine with a tokenizer")
+        self.grammars.compiled(spec)
 
     def reserve(self) -> Ticket:
         """A lifetime ticket; raises `EngineOverloaded` when max_concurrency + max_pending are live."""
@@ -192,6 +213,7 @@ class Engine:
             default_stop_ids=self.stop_token_ids,
             detokenizer_factory=self.detokenizer_factory,
             spec=self.spec,
+            grammars=self.grammars,
         )
         with self._cv:  # checked under the lock: the drain loop exits only with an empty inbox
             self._check_accepting()
@@ -202,7 +224,12 @@ class Engine:
                 request=request,
                 ticket=ticket,
                 entitlement=intake.entitlement,
-                sampler=RowSampler(intake.sampling, self.device),
+                sampler=RowSampler(
+                    intake.sampling,
+                    self.device,
+                    logprobs=request.params.logprobs,
+                    constraint=intake.constraint,
+                ),
                 stops=StopChecker(intake.stop_ids, request.params.stop, intake.detok),
                 stats=intake.stats,
                 t_submit=now,

@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING
 
 from ninfer.engine.api import ContextLengthExceeded, GenerationRequest, QueueTimeout, RequestStats
 from ninfer.engine.config import EngineConfig
-from ninfer.engine.sampler import ResolvedSampling, resolve_sampling
+from ninfer.engine.sampler import ResolvedSampling, TokenConstraint, resolve_sampling
 from ninfer.engine.spec import counters as spec_counters
 from ninfer.engine.stops import Detokenizer
 from ninfer.engine.tickets import Ticket
 
 if TYPE_CHECKING:
+    from ninfer.engine.grammar import Grammars
     from ninfer.engine.spec.decoder import SpecDecoder
 
 
@@ -26,6 +27,7 @@ class Intake:
     stop_ids: frozenset[int]
     detok: Detokenizer | None
     stats: RequestStats
+    constraint: TokenConstraint | None = None  # the request's grammar matcher (None: free)
 
 
 def prepare(
@@ -39,6 +41,7 @@ def prepare(
     default_stop_ids: frozenset[int],
     detokenizer_factory: Callable[[], Detokenizer] | None,
     spec: SpecDecoder | None,
+    grammars: Grammars | None = None,
 ) -> Intake:
     """Validate `request` under `ticket` (errors raise here, synchronously) and resolve it."""
     if ticket.released:
@@ -63,6 +66,10 @@ def prepare(
     max_tokens = config.default_max_tokens if params.max_tokens is None else params.max_tokens
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if params.logprobs is not None and not 0 <= params.logprobs <= 20:
+        raise ValueError(f"logprobs must be in [0, 20], got {params.logprobs}")
+    if spec is not None and (params.logprobs is not None or request.constraint is not None):
+        raise ValueError("logprobs and constrained output are not supported with speculative decoding")
     preset = config.thinking_preset if request.thinking else config.non_thinking_preset
     resolved = resolve_sampling(params, preset, config.sampling)
     stop_ids = frozenset(params.stop_token_ids) if params.stop_token_ids is not None else default_stop_ids
@@ -72,10 +79,17 @@ def prepare(
     stats = RequestStats(prompt_tokens=len(prompt), resolved_sampling=resolved.as_dict(), seed=resolved.seed)
     if spec is not None:
         stats.speculative = spec_counters.new_counters(spec.backend, spec.k)
+    entitlement = min(max_tokens, ctx - len(prompt))
+    constraint = None
+    if request.constraint is not None:
+        if grammars is None:
+            raise ValueError("constrained output needs an engine with a tokenizer")
+        constraint = grammars.constraint(request.constraint, request.thinking, entitlement)
     return Intake(
-        entitlement=min(max_tokens, ctx - len(prompt)),
+        entitlement=entitlement,
         sampling=resolved,
         stop_ids=stop_ids,
         detok=detok,
         stats=stats,
+        constraint=constraint,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ninfer.engine.api import TokenLogprob
 from ninfer.engine.sampler import RowSampler
 
 if TYPE_CHECKING:
@@ -66,3 +67,4 @@ class StepResult:
     vision_seconds: float = 0.0  # vision tower time inside a multimodal prefill chunk
     # speculative decode rounds: per-row runs of tokens to commit, and the state fix-up to call
     spec: SpecRound | None = None
+    logprobs: list[TokenLogprob | None] | None = None  # per row, for rows that asked for logprobs

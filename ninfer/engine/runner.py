@@ -12,7 +12,7 @@ import torch
 from ninfer.engine.graphs import CaptureBackend, CudaCapture, DecodeGraphs, GraphStats, InstallCut, StepFn
 from ninfer.engine.pages import pages_for
 from ninfer.engine.plan import DecodePlan, PrefillPlan, SlotOp, StepPlan, StepResult
-from ninfer.engine.sampler import check_drawn, sample_rows, sample_rows_device
+from ninfer.engine.sampler import LogprobRows, check_drawn, sample_rows_full
 from ninfer.engine.step_io import StepOut, StepRows, host_buffer, pack, pack_rows, packed_len, unpack
 from ninfer.model.cache import ForwardBatch, KVPool, StatePool
 from ninfer.model.config import TextConfig
@@ -47,6 +47,7 @@ class LaunchedDecode:
     checked: bool  # `host` carries the bad flags of stochastic rows after the tokens
     ready: torch.cuda.Event | None  # recorded after the copy (None on the CPU: already done)
     t0: float
+    logprobs: LogprobRows | None = None  # rows with logprobs (such rounds are never launched ahead)
 
 
 class Runner:
@@ -157,8 +158,8 @@ class Runner:
     def can_launch_ahead(self, plan: DecodePlan) -> bool:
         """Whether `launch_decode` can feed this plan's rows their next inputs on the device: plain
         decode (no speculative decoder) and no row whose logits depend on its tokens on the host
-        (penalties)."""
-        return self.spec is None and not any(r.sampler.penalized for r in plan.rows)
+        (penalties, grammar masks) or that reads logprobs back."""
+        return self.spec is None and not any(r.sampler.host_bound for r in plan.rows)
 
     def launch_decode(self, plan: DecodePlan, feed: LaunchedDecode | None = None) -> LaunchedDecode:
         """Queue one plain decode round and the copy of its sampled tokens to the host; no wait.
@@ -180,7 +181,7 @@ class Runner:
         step = self.forward(StepRows.for_decode(rows, [[r.token] for r in rows]), feed)
         # the in-graph argmax is a view of a static buffer: the copies below and a next round's
         # feed are queued before the next replay overwrites it
-        tokens, bad = sample_rows_device(step.logits[:, -1], [r.sampler for r in rows], step.last_argmax())
+        tokens, bad, lp = sample_rows_full(step.logits[:, -1], [r.sampler for r in rows], step.last_argmax())
         flat = tokens if bad is None else torch.cat([tokens, bad])  # [B] or [2B]
         on_gpu = self.device.type == "cuda"
         host = torch.empty(flat.shape, dtype=torch.int64, pin_memory=on_gpu)
@@ -189,7 +190,7 @@ class Runner:
         if on_gpu:
             ready = torch.cuda.Event()
             ready.record()
-        return LaunchedDecode(plan, tokens, host, bad is not None, ready, t0)
+        return LaunchedDecode(plan, tokens, host, bad is not None, ready, t0, lp)
 
     def resolve(self, launched: LaunchedDecode) -> StepResult:
         """Wait for a launched round's tokens (not for rounds queued after it) and return them."""
@@ -202,7 +203,10 @@ class Runner:
         # a round launched ahead runs from the end of the one before it: decode seconds add up to wall time
         seconds = now - max(launched.t0, self._resolved_at)
         self._resolved_at = now
-        return StepResult(seq_ids=seq_ids, tokens=tokens, seconds=seconds)
+        lp = None
+        if launched.logprobs is not None:
+            lp = launched.logprobs.read(tokens, [r.sampler for r in launched.plan.rows], len(tokens))
+        return StepResult(seq_ids=seq_ids, tokens=tokens, seconds=seconds, logprobs=lp)
 
     def execute(self, plan: StepPlan, on_launch: Callable[[], None] | None = None) -> StepResult:
         """Run one plan. `on_launch` is called once, as soon as the step's GPU work is queued (after
@@ -363,8 +367,10 @@ class Runner:
         if plan.sampler is None:
             return StepResult(seq_ids=[], tokens=[], vision_seconds=vision_s)
         logits = self._logits(hidden[:, -1])  # [1, V] float32
-        tokens = sample_rows(logits, [plan.sampler])
-        return StepResult(seq_ids=[plan.seq_id], tokens=tokens, vision_seconds=vision_s)
+        toks, bad, lp_rows = sample_rows_full(logits, [plan.sampler])
+        tokens = toks.tolist() if bad is None else check_drawn(torch.cat([toks, bad]).tolist())
+        lp = None if lp_rows is None else lp_rows.read(tokens, [plan.sampler], 1)
+        return StepResult(seq_ids=[plan.seq_id], tokens=tokens, vision_seconds=vision_s, logprobs=lp)
 
     def _decode(self, plan: DecodePlan) -> StepResult:
         if self.spec is not None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import torch
 
-from ninfer.engine.api import SamplingParams
+from ninfer.engine.api import SamplingParams, TokenLogprob
 
 KNOBS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
 # Used for knobs neither the preset, the process nor the request sets: plain softmax sampling.
@@ -110,22 +111,50 @@ def _scaled(logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Te
     return (logits - logits.amax(dim=-1, keepdim=True)) / temperature
 
 
+class TokenConstraint(Protocol):
+    """A per-request token mask (`ninfer.engine.grammar.GrammarConstraint`)."""
+
+    def fill(self, words: torch.Tensor) -> bool:
+        """Write the allowed tokens of the next step into `words` (int32 [ceil(V / 32)], bit t % 32
+        of word t // 32 set = allowed); False leaves the step unconstrained (words untouched)."""
+        ...
+
+    def accept(self, token: int) -> None: ...
+
+
 class RowSampler:
     """Sampling state of one request: its own generator, so batch composition never matters."""
 
-    def __init__(self, params: ResolvedSampling, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        params: ResolvedSampling,
+        device: torch.device | str = "cpu",
+        *,
+        logprobs: int | None = None,
+        constraint: TokenConstraint | None = None,
+    ) -> None:
         self.params = params
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(params.seed)
         self.counts: dict[int, int] = {}  # generated token id -> occurrences (for penalties)
+        self.logprobs = logprobs  # top alternatives to report per token (None: no logprobs)
+        self.constraint = constraint
 
     @property
     def penalized(self) -> bool:
         """Whether the logits depend on the tokens generated so far (presence / frequency penalty)."""
         return bool(self.params.presence_penalty or self.params.frequency_penalty)
 
+    @property
+    def host_bound(self) -> bool:
+        """Whether a step needs this row's committed tokens on the host before it samples (penalties,
+        a grammar mask) or reads more than the token back (logprobs)."""
+        return self.penalized or self.constraint is not None or self.logprobs is not None
+
     def observe(self, token: int) -> None:
         self.counts[token] = self.counts.get(token, 0) + 1
+        if self.constraint is not None:
+            self.constraint.accept(token)
 
     def adjust(self, logits: torch.Tensor) -> torch.Tensor:
         """logits: [V] float32 -> the penalized logits (OpenAI semantics over generated tokens):
@@ -186,12 +215,45 @@ def _penalized(logits: torch.Tensor, samplers: list[RowSampler]) -> torch.Tensor
             vals[0] += [float(c) for c in s.counts.values()]
             vals[1] += [p.frequency_penalty] * len(s.counts)
             vals[2] += [p.presence_penalty] * len(s.counts)
+    out = logits
+    if rows:
+        idx = _to(torch.tensor([rows, ids], dtype=torch.int64), logits.device)  # [2, N]
+        cnt, freq, pres = _to(torch.tensor(vals, dtype=logits.dtype), logits.device)  # 3 x [N]
+        out = logits.clone()
+        out[idx[0], idx[1]] -= cnt * freq + pres  # fp32, as adjust(): c * frequency + presence
+    return _masked(out, samplers, out is logits)
+
+
+_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def unpack_bitmask(words: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int32 [N, ceil(V / 32)] packed masks -> bool [N, V] (bit t % 32 of word t // 32)."""
+    shifts = _SHIFTS.get(words.device)
+    if shifts is None:
+        shifts = _SHIFTS[words.device] = torch.arange(32, dtype=torch.int32, device=words.device)
+    bits = (words.unsqueeze(-1) >> shifts) & 1  # [N, W, 32]
+    return bits.reshape(words.shape[0], -1)[:, :vocab].bool()
+
+
+def _masked(logits: torch.Tensor, samplers: list[RowSampler], shared: bool) -> torch.Tensor:
+    """Grammar masks: rows whose constraint fills a mask this step get -inf at disallowed tokens.
+    The masks are filled on the host (after the step's launch: the GPU computes meanwhile) and go
+    to the device in one copy; rows without a constraint are not touched. `shared`: `logits` is
+    the caller's tensor (cloned before writing)."""
+    rows = [i for i, s in enumerate(samplers) if s.constraint is not None]
     if not rows:
         return logits
-    idx = _to(torch.tensor([rows, ids], dtype=torch.int64), logits.device)  # [2, N]
-    cnt, freq, pres = _to(torch.tensor(vals, dtype=logits.dtype), logits.device)  # 3 x [N]
-    out = logits.clone()
-    out[idx[0], idx[1]] -= cnt * freq + pres  # fp32, as adjust(): c * frequency + presence
+    v = logits.shape[1]
+    words = torch.full((len(rows), (v + 31) // 32), -1, dtype=torch.int32)
+    kept = [i for j, i in enumerate(rows) if samplers[i].constraint.fill(words[j])]  # type: ignore[union-attr]
+    if not kept:
+        return logits
+    words = words[[rows.index(i) for i in kept]]
+    allowed = unpack_bitmask(_to(words, logits.device), v)  # [N, V]
+    out = logits.clone() if shared else logits
+    idx = _to(torch.tensor(kept, dtype=torch.int64), logits.device)
+    out[idx] = out[idx].masked_fill(~allowed, float("-inf"))
     return out
 
 
@@ -249,12 +311,62 @@ def sample_rows(
     return check_drawn(torch.cat([tokens, bad]).tolist())
 
 
+@dataclass
+class LogprobRows:
+    """Logprobs of the rows that asked for them, on the device until `read`."""
+
+    rows: list[int]  # batch rows, in order
+    chosen: torch.Tensor  # [N] float32: the sampled token's logprob
+    top_vals: torch.Tensor  # [N, K] float32
+    top_ids: torch.Tensor  # [N, K] int64
+
+    def read(self, tokens: list[int], samplers: list[RowSampler], b: int) -> list[TokenLogprob | None]:
+        """-> per batch row: its `TokenLogprob` (None for rows without logprobs). Syncs."""
+        out: list[TokenLogprob | None] = [None] * b
+        chosen, vals, ids = self.chosen.tolist(), self.top_vals.tolist(), self.top_ids.tolist()
+        for j, i in enumerate(self.rows):
+            k = samplers[i].logprobs or 0
+            out[i] = TokenLogprob(tokens[i], chosen[j], tuple(zip(ids[j][:k], vals[j][:k], strict=True)))
+        return out
+
+
+def logprob_rows(
+    adjusted: torch.Tensor, tokens: torch.Tensor, samplers: list[RowSampler]
+) -> LogprobRows | None:
+    """adjusted [B, V]: the processed logits (penalties, masks) -> log-softmax at temperature
+    (1 for greedy rows) of the rows with logprobs: the chosen token's and the top-k."""
+    rows = [i for i, s in enumerate(samplers) if s.logprobs is not None]
+    if not rows:
+        return None
+    idx = _to(torch.tensor(rows, dtype=torch.int64), adjusted.device)
+    temp = _to(torch.tensor([[samplers[i].params.temperature or 1.0] for i in rows]), adjusted.device)
+    lp = torch.log_softmax(_scaled(adjusted[idx], temp), dim=-1)  # [N, V]
+    chosen = lp.gather(1, tokens[idx][:, None])[:, 0]
+    k = max(samplers[i].logprobs or 0 for i in rows)
+    top = torch.topk(lp, k, dim=-1) if k else None
+    empty = lp[:, :0]
+    return LogprobRows(
+        rows,
+        chosen,
+        top.values if top is not None else empty,
+        top.indices if top is not None else empty.long(),
+    )
+
+
 def sample_rows_device(
     logits: torch.Tensor, samplers: list[RowSampler], argmax: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`sample_rows` without the transfer: -> (tokens [B] int64, bad [B] int64 or None) on the
     logits' device, `bad` set where a stochastic row's distribution was not valid (None when no
     row is stochastic). With no penalty and no stochastic row, tokens is `argmax` itself."""
+    tokens, bad, _ = sample_rows_full(logits, samplers, argmax)
+    return tokens, bad
+
+
+def sample_rows_full(
+    logits: torch.Tensor, samplers: list[RowSampler], argmax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None, LogprobRows | None]:
+    """`sample_rows_device` and the logprobs of the rows that asked for them."""
     b = logits.shape[0]
     adjusted = _penalized(logits, samplers)
     if argmax is None or adjusted is not logits:
@@ -262,7 +374,7 @@ def sample_rows_device(
     logits, greedy_tok = adjusted, argmax  # [B, V], [B]
     stochastic = [i for i, s in enumerate(samplers) if s.params.temperature != 0.0]
     if not stochastic:
-        return greedy_tok, None
+        return greedy_tok, None, logprob_rows(adjusted, greedy_tok, samplers)
     probs = batch_probs(logits, samplers)  # [B, V]
     q = torch.ones_like(probs)
     for i in stochastic:  # per-request generator: one launch per row, no sync
@@ -272,7 +384,8 @@ def sample_rows_device(
     is_stoch[stochastic] = True
     is_stoch = _to(is_stoch, logits.device)
     bad = is_stoch & ~((probs.amax(dim=-1) < float("inf")) & (probs.amin(dim=-1) >= 0))  # [B]
-    return torch.where(is_stoch, drawn, greedy_tok), bad.long()
+    tokens = torch.where(is_stoch, drawn, greedy_tok)
+    return tokens, bad.long(), logprob_rows(adjusted, tokens, samplers)
 
 
 def check_drawn(values: list[int]) -> list[int]:

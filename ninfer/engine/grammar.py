@@ -1,0 +1,137 @@
+"""Grammar-constrained decoding: xgrammar grammars compiled once per spec (bounded LRU cache) and
+per-request matchers whose masks start where the answer starts.
+
+A thinking request's reasoning is free: the mask admits everything until the end-of-thinking
+token is sampled, then the grammar constrains the answer. The reasoning may use at most half of
+the request's output entitlement; at that point only the end-of-thinking token is admitted, so
+the constrained answer always has room. With thinking off the grammar starts at the first token.
+After the grammar is complete only the stop tokens are admitted.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ninfer.engine.api import ConstraintSpec
+
+CACHE_SIZE = 64  # compiled grammars kept (distinct schemas), least recently used evicted
+THINK_END = "</think>"
+
+
+class GrammarError(ValueError):
+    """A schema or grammar the engine cannot compile (HTTP 400 on `param`)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}" if param else message)
+        self.param = param
+        self.message = message
+
+
+class Grammars:
+    """The process's grammar compiler over the model's vocabulary; thread-safe, lazy (the
+    tokenizer tables take ~2 s to build, on the first constrained request)."""
+
+    def __init__(self, tokenizer_path: str | Path, vocab_size: int, stop_ids: Iterable[int]) -> None:
+        self.tokenizer_path = str(tokenizer_path)
+        self.vocab_size = vocab_size
+        self.stop_ids = sorted(stop_ids)
+        self._lock = threading.Lock()
+        self._compiler: Any = None
+        self._think_end: int | None = None
+        self._cache: OrderedDict[ConstraintSpec, Any] = OrderedDict()
+
+    def _ensure(self) -> Any:
+        if self._compiler is None:
+            import xgrammar as xgr
+            from transformers import PreTrainedTokenizerFast
+
+            hf = PreTrainedTokenizerFast(tokenizer_file=self.tokenizer_path)
+            info = xgr.TokenizerInfo.from_huggingface(
+                hf, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids
+            )
+            self._think_end = hf.convert_tokens_to_ids(THINK_END)
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        return self._compiler
+
+    def compiled(self, spec: ConstraintSpec) -> Any:
+        """The compiled grammar of `spec` (cached); raises GrammarError."""
+        with self._lock:
+            hit = self._cache.get(spec)
+            if hit is not None:
+                self._cache.move_to_end(spec)
+                return hit
+            compiler = self._ensure()
+            try:
+                if spec.kind == "json_object":
+                    grammar = compiler.compile_builtin_json_grammar()
+                elif spec.kind == "json_schema":
+                    json.loads(spec.source)
+                    grammar = compiler.compile_json_schema(
+                        spec.source, any_whitespace=False, strict_mode=spec.strict
+                    )
+                else:
+                    grammar = compiler.compile_structural_tag(spec.source)
+            except Exception as exc:  # xgrammar raises RuntimeError / ValueError with the cause
+                msg = f"invalid or unsupported schema: {exc}".strip()[:500]
+                raise GrammarError(spec.param, msg) from exc
+            self._cache[spec] = grammar
+            if len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+            return grammar
+
+    def constraint(self, spec: ConstraintSpec, thinking: bool, entitlement: int) -> GrammarConstraint:
+        """A fresh matcher for one request."""
+        import xgrammar as xgr
+
+        grammar = self.compiled(spec)
+        think_end = self._think_end if thinking else None
+        return GrammarConstraint(xgr.GrammarMatcher(grammar), think_end, max(0, entitlement // 2))
+
+
+class GrammarConstraint:
+    """One request's mask state (`ninfer.engine.sampler.TokenConstraint`)."""
+
+    def __init__(self, matcher: Any, think_end: int | None, reasoning_budget: int) -> None:
+        self.matcher = matcher
+        self.think_end = think_end  # None: the answer (grammar) starts at the next token
+        self.reasoning_left = reasoning_budget
+        self.rejected = 0  # tokens the grammar did not accept (never expected: the mask forbids them)
+
+    @property
+    def in_reasoning(self) -> bool:
+        return self.think_end is not None
+
+    def fill(self, words: torch.Tensor) -> bool:
+        if self.think_end is not None:
+            if self.reasoning_left > 0:
+                return False  # free reasoning (the end of thinking admitted among everything)
+            words.zero_()  # reasoning budget spent: only the end of thinking
+            words[self.think_end // 32] = _bit(self.think_end % 32)
+            return True
+        if self.matcher.is_terminated():
+            return False  # the stop token was accepted: the request is ending
+        import xgrammar as xgr
+
+        xgr.GrammarMatcher.fill_next_token_bitmask(self.matcher, words.view(1, -1), 0)
+        return True
+
+    def accept(self, token: int) -> None:
+        if self.think_end is not None:
+            self.reasoning_left -= 1
+            if token == self.think_end:
+                self.think_end = None
+            return
+        if not self.matcher.is_terminated() and not self.matcher.accept_token(token):
+            self.rejected += 1
+
+
+def _bit(i: int) -> int:
+    """Bit i of an int32 word as a Python int in int32 range (bit 31 is the sign bit)."""
+    return (1 << i) - (1 << 32) if i == 31 else 1 << i
