@@ -342,8 +342,7 @@ class Runner:
         self._slot_ops(plan.ops_after)
         if plan.sampler is None:
             return StepResult(seq_ids=[], tokens=[])
-        tokens = sample_rows(out.logits[:, n - 1], [plan.sampler])  # [1, V] float32
-        return StepResult(seq_ids=[plan.seq_id], tokens=tokens)
+        return _first_token(plan, out.logits[:, n - 1])  # [1, V] float32, masked in the graph
 
     def _prefill(self, plan: PrefillPlan) -> StepResult:
         q = self._bucket(plan)
@@ -366,16 +365,24 @@ class Runner:
         self._slot_ops(plan.ops_after)
         if plan.sampler is None:
             return StepResult(seq_ids=[], tokens=[], vision_seconds=vision_s)
-        logits = self._logits(hidden[:, -1])  # [1, V] float32
-        toks, bad, lp_rows = sample_rows_full(logits, [plan.sampler])
-        tokens = toks.tolist() if bad is None else check_drawn(torch.cat([toks, bad]).tolist())
-        lp = None if lp_rows is None else lp_rows.read(tokens, [plan.sampler], 1)
-        return StepResult(seq_ids=[plan.seq_id], tokens=tokens, vision_seconds=vision_s, logprobs=lp)
+        result = _first_token(plan, self._logits(hidden[:, -1]))  # [1, V] float32
+        result.vision_seconds = vision_s
+        return result
 
     def _decode(self, plan: DecodePlan) -> StepResult:
         if self.spec is not None:
             return self.spec.decode(plan)
         return self.resolve(self._launch_decode(plan, None, time.perf_counter()))
+
+
+def _first_token(plan: PrefillPlan, logits: torch.Tensor) -> StepResult:
+    """Sample a prompt's first token from its last position's logits [1, V] (with its logprobs
+    when the request asked for them)."""
+    assert plan.sampler is not None
+    toks, bad, lp_rows = sample_rows_full(logits, [plan.sampler])
+    tokens = toks.tolist() if bad is None else check_drawn(torch.cat([toks, bad]).tolist())
+    lp = None if lp_rows is None else lp_rows.read(tokens, [plan.sampler], 1)
+    return StepResult(seq_ids=[plan.seq_id], tokens=tokens, logprobs=lp)
 
 
 def small_prefill_buckets(buckets: Sequence[int], config: TextConfig) -> tuple[int, ...]:
