@@ -105,6 +105,17 @@ def start_router(
             "--health-failure-threshold", "1", "--health-check-timeout-secs", "2",
             "--prometheus-port", str(free_port()), "--prometheus-host", HOST,
             "--log-level", "warning" if module == "vllm_router" else "warn", "--request-timeout-secs", "120"]  # fmt: skip
+    if policy == "cache_aware":  # prefix affinity first: a later turn's text shares a third or less
+        # of its first turn's when replies are long, and load balancing must not move a session
+        # while its replica is merely busy (seen on a loaded 2-core machine: 3 of 6 turns moved)
+        argv += [
+            "--cache-threshold",
+            "0.1",
+            "--balance-abs-threshold",
+            "64",
+            "--balance-rel-threshold",
+            "4.0",
+        ]
     return Proc("router", f"http://{HOST}:{port}", _spawn("router", argv, workdir), workdir / "router.log")
 
 

@@ -32,6 +32,7 @@ LOOPBACK = ("127.0.0.1", "localhost")
 SOCKETS_PER_ATTACK = 32
 CLIENT_TIMEOUT_S = 30.0
 SETTLE_S = 30.0
+GOOD_RETRIES = 5  # the well-behaved client's retries of a 429 / 503 (after Retry-After)
 PROTOCOL_PATHS = ("/v1/chat/completions", "/v1/messages", "/v1/responses")
 BAD_INPUTS: dict[str, tuple[str, bytes]] = {  # name -> (path, body); each must get a 4xx
     "not_json": ("/v1/chat/completions", b"{not json"),
@@ -109,20 +110,43 @@ class Soak:
 
     # ----- the well-behaved client -----
     def good_client(self) -> None:
+        """Small chats back to back, as a well-behaved client sends them: a 429 / 503 (the bursts
+        fill the admission queue on purpose) is retried after its Retry-After, up to
+        GOOD_RETRIES times. Outcomes count each request once, by how it ended; a request that
+        never got its 200 is lost."""
         body = self.body("/v1/chat/completions", False, 4)
         while self.running():
             t0 = time.monotonic()
-            try:
-                status, _ = self.request("POST", "/v1/chat/completions", body)
-                outcome = str(status)
-            except OSError as exc:
-                outcome = type(exc).__name__
+            for attempt in range(GOOD_RETRIES + 1):
+                try:
+                    status, _, retry_after = self.request_with_retry_after("/v1/chat/completions", body)
+                    outcome = str(status)
+                except OSError as exc:
+                    outcome, retry_after = type(exc).__name__, None
+                if outcome not in ("429", "503") or retry_after is None or attempt == GOOD_RETRIES:
+                    break
+                self.count("good_client_retries", outcome)
+                time.sleep(min(retry_after, 5.0))
             took = time.monotonic() - t0
             self.count("good_client", outcome)
             if outcome == "200":
                 with self.lock:
                     self.latencies.append(took)
             time.sleep(0.05)
+
+    def request_with_retry_after(self, path: str, body: bytes) -> tuple[int, bytes, float | None]:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=CLIENT_TIMEOUT_S)
+        try:
+            conn.request("POST", path, body, self.headers())
+            resp = conn.getresponse()
+            value = resp.getheader("Retry-After")
+            try:
+                retry = float(value) if value is not None else None
+            except ValueError:
+                retry = None
+            return resp.status, resp.read(), retry
+        finally:
+            conn.close()
 
     # ----- attacks -----
     def hold(self, name: str, head: bytes, drip: bytes, hold_s: float) -> None:
@@ -306,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                 "max": lat[-1] if lat else None,
             },
         },
-        "attacks": {k: dict(v) for k, v in soak.counts.items() if k != "good_client"},
+        "good_client_retries": dict(soak.counts.get("good_client_retries", Counter())),
+        "attacks": {k: dict(v) for k, v in soak.counts.items() if not k.startswith("good_client")},
         "settle": settle,
         "rss_kib": {"before": before, "after": after},
     }

@@ -46,9 +46,14 @@ def test_health_reports_an_engine_thread_failure_and_requests_fail_at_once() -> 
     engine.runner.prepare = broken_prepare
     runtime.engine, runtime.ready = engine, True
     runtime.ctx.model_id = "m"
+
+    class OptionsOnly:  # the options check runs before the ticket; prepare is never reached
+        def check_options(self, controls: object) -> None:
+            return None
+
     runtime.ctx.pipeline = Pipeline(
         engine,
-        None,  # type: ignore[arg-type]  # never reached: the dead engine refuses the ticket
+        OptionsOnly(),  # type: ignore[arg-type]
         runtime.recorder,
         PipelineConfig(256, 16),
         runtime.next_request_id,
