@@ -185,6 +185,7 @@ class Generation:
         self._decoder = decoder
         self._pipeline = pipeline
         self._client_gone = client_gone
+        self._probe_at = 0.0  # monotonic time of the next client probe
         self._outputs: Iterator[StepOutput] = iter(handle)
         self._first: StepOutput | None = None
         self._completion_ids: list[int] = []
@@ -211,16 +212,21 @@ class Generation:
 
     def _next(self) -> StepOutput:
         """The next engine output (StopIteration after the last); raises ClientDisconnected once
-        the client is gone while waiting for it."""
+        the client is gone. The client is probed every WATCH_S whether or not outputs keep
+        arriving (a fast decode never leaves the queue empty for that long)."""
         if self._client_gone is None:
             return next(self._outputs)
         while True:
+            now = time.monotonic()
+            if now >= self._probe_at:
+                self._probe_at = now + WATCH_S
+                if self._client_gone():
+                    raise ClientDisconnected()
             self._handle.timeout_s = WATCH_S
             try:
                 return next(iter(self._handle))  # every iter() continues where the last one stopped
             except queue.Empty:
-                if self._client_gone():
-                    raise ClientDisconnected() from None
+                continue
 
     def _steps(self) -> Iterator[StepOutput]:
         if self._first is not None:
