@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +73,20 @@ def _random(name: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tens
     return t.to(torch.bfloat16)
 
 
-def build_demo(out: str | Path, *, seed: int = 0, force: bool = False) -> Path:
-    """Write the demo artifact to `out` deterministically (same seed -> same files and digests)."""
+Draw = Callable[[str, tuple[int, ...], torch.Generator], torch.Tensor]
 
+
+def build_demo(
+    out: str | Path,
+    *,
+    seed: int = 0,
+    force: bool = False,
+    draw: Draw | None = None,
+    source: str = "ninfer demo",
+) -> Path:
+    """Write the demo artifact to `out` deterministically (same seed -> same files and digests).
+    `draw` replaces the demo's tensor recipe (test models built on the demo's shapes)."""
+    draw = draw or _random
     config = demo_config()
     ident = registry.lookup(registry.DEMO_ID)
     assert ident is not None
@@ -82,13 +94,13 @@ def build_demo(out: str | Path, *, seed: int = 0, force: bool = False) -> Path:
     with ArtifactWriter(Path(out), overwrite=force) as writer:
         for comp, shapes in (("text", text_shapes(config)), ("mtp", mtp_shapes(config))):
             for name, shape in shapes.items():
-                writer.component(comp).add(name, _random(name, shape, g))
+                writer.component(comp).add(name, draw(name, shape, g))
         write_model_files(writer, config, ident)
         identity = ArtifactIdentity(
             model_id=ident.model_id,
             family=config.family,
             display_name=ident.display_name,
-            source=f"ninfer demo (seed {seed})",
+            source=f"{source} (seed {seed})",
         )
         return writer.finish(identity)
 

@@ -17,12 +17,8 @@ from pathlib import Path
 
 import torch
 
-from ninfer.artifact import registry
-from ninfer.artifact.demo import _random, demo_config
-from ninfer.artifact.manifest import MANIFEST, ArtifactIdentity
-from ninfer.artifact.shapes import mtp_shapes, text_shapes
-from ninfer.artifact.synth import write_model_files
-from ninfer.artifact.writer import ArtifactWriter
+from ninfer.artifact.demo import _random, build_demo
+from ninfer.artifact.manifest import MANIFEST
 from ninfer.text.builder import EXPECTED_IDS
 
 REVISION = 1  # bump when the recipe changes (part of the cache name)
@@ -46,22 +42,7 @@ def _tensor(name: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tens
 
 def build_terse(out: str | Path, *, seed: int = 0) -> Path:
     """Write the terse artifact to `out` deterministically (the demo recipe, two edits)."""
-    config = demo_config()
-    ident = registry.lookup(registry.DEMO_ID)
-    assert ident is not None
-    g = torch.Generator().manual_seed(seed)
-    with ArtifactWriter(Path(out), overwrite=True) as writer:
-        for comp, shapes in (("text", text_shapes(config)), ("mtp", mtp_shapes(config))):
-            for name, shape in shapes.items():
-                writer.component(comp).add(name, _tensor(name, shape, g))
-        write_model_files(writer, config, ident)
-        identity = ArtifactIdentity(
-            model_id=ident.model_id,
-            family=config.family,
-            display_name=ident.display_name,
-            source=f"ninfer terse test model (seed {seed})",
-        )
-        return writer.finish(identity)
+    return build_demo(out, seed=seed, force=True, draw=_tensor, source="ninfer terse test model")
 
 
 def ensure_terse_artifact(cache_dir: Path) -> Path:
