@@ -96,13 +96,15 @@ def start_replica(index: int, workdir: Path, cache: Path | None, drain_s: float 
 def start_router(
     workers: list[str], workdir: Path, policy: str = "cache_aware", module: str = ROUTER
 ) -> Proc:
-    """SGLang's router over the replicas: health-checks `/health` (readiness) every second and
-    drops a worker after one failure; retries a request that a worker refused."""
+    """The router over the replicas: health-checks `/health` (readiness) every second and drops a
+    worker after two failures (a 503 while draining; a probe slower than 8 s: on a loaded 2-core
+    machine a 2 s bound dropped busy replicas and moved their sessions); retries a request that a
+    worker refused."""
     port = free_port()
     argv = [sys.executable, "-m", f"{module}.launch_router", "--host", HOST, "--port", str(port),
             "--worker-urls", *workers, "--policy", policy,
             "--health-check-endpoint", "/health", "--health-check-interval-secs", "1",
-            "--health-failure-threshold", "1", "--health-check-timeout-secs", "2",
+            "--health-failure-threshold", "2", "--health-check-timeout-secs", "8",
             "--prometheus-port", str(free_port()), "--prometheus-host", HOST,
             "--log-level", "warning" if module == "vllm_router" else "warn", "--request-timeout-secs", "120"]  # fmt: skip
     if policy == "cache_aware":  # prefix affinity first: a later turn's text shares a third or less

@@ -28,7 +28,7 @@ def test_replicas_behind_vllm_router(tmp_path: Path) -> None:
 
         victim = workers[-1]
         victim.proc.send_signal(signal.SIGTERM)
-        time.sleep(3.0)  # the router's 1 s health check sees /health 503, then the port closes
+        time.sleep(4.0)  # the router's 1 s health check sees /health 503 twice, then the port closes
         before = [rr.served(w.url) for w in workers[:-1]]
         after = rr.drive(router.url, 100, 3, 2, 2, 3, responses=False)
         assert after.failures == []
