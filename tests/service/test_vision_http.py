@@ -31,6 +31,7 @@ from transformers.video_utils import read_video_pyav
 
 from ninfer.artifact import open_artifact
 from ninfer.artifact.convert import convert
+from ninfer.media.image import PREPARE_BYTES_PER_PIXEL
 from tests.service.conftest import API_KEY, Server, start_server, stop_server
 from tests.vision.media_samples import encode, smooth_rgb
 
@@ -349,5 +350,8 @@ def test_disconnect_and_queue_timeout_release_live_media(lean_server: Server) ->
         assert e["media_cached_bytes"] == 0
     # the queued request's payload alone was live while it waited (the stream's went after prefill)
     assert queued in [e["media_live_bytes"] for e in stats]
-    assert all(e["media_live_bytes"] in (0, big, queued) for e in stats)
+    # live bytes also count a decode's transient working set while it runs (MediaCache.hold): a
+    # report may land inside the 64x64 image's decode, at most one such hold above a level
+    hold = 64 * 64 * (4 + 16 + PREPARE_BYTES_PER_PIXEL)  # widest decode + conversion + preparation
+    assert all(any(0 <= e["media_live_bytes"] - level <= hold for level in (0, big, queued)) for e in stats)
     assert stats[-1]["media_live_bytes"] == 0
