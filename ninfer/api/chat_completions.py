@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,7 +11,6 @@ import falcon
 
 from ninfer.api import chat_request, sse
 from ninfer.api.context import ApiContext
-from ninfer.api.errors import ApiError, internal
 from ninfer.api.events import (
     Finished,
     LogprobsDelta,
@@ -85,37 +83,30 @@ class ChunkStream:
 
 def stream_chunks(gen: Generation, chunks: ChunkStream) -> Iterator[bytes]:
     """The SSE body; a failure after the first byte becomes an in-band error frame."""
-    try:
-        yield chunks.chunk({"role": "assistant", "content": ""})
-        for event in gen.events():
-            if isinstance(event, LogprobsDelta):
-                yield chunks.chunk({}, logprobs={"content": list(event.entries), "refusal": None})
-            elif isinstance(event, TextDelta):
-                yield chunks.chunk({"content": event.text})
-            elif isinstance(event, ReasoningDelta):
-                yield chunks.chunk({"reasoning_content": event.text})
-            elif isinstance(event, ToolCallStart):
-                call = {"index": event.index, "id": event.id, "type": "function"}
-                call["function"] = {"name": event.name, "arguments": ""}
-                yield chunks.chunk({"tool_calls": [call]})
-            elif isinstance(event, ToolCallArgumentsDelta):
-                yield chunks.chunk(
-                    {"tool_calls": [{"index": event.index, "function": {"arguments": event.json_fragment}}]}
-                )
-            elif isinstance(event, Finished):
-                yield chunks.chunk({}, event.finish)
-                if chunks.include_usage:
-                    yield chunks.usage(event.usage)
-        yield sse.DONE
-    except ApiError as exc:
-        yield sse.frame(exc.body("openai"))
-        yield sse.DONE
-    except Exception as exc:
-        logging.getLogger("ninfer.api").exception("chat completion stream failed")
-        yield sse.frame(internal(f"internal error: {type(exc).__name__}").body("openai"))
-        yield sse.DONE
-    finally:
-        gen.close()
+    return sse.openai_stream(_frames(gen, chunks), gen.close, "chat completion")
+
+
+def _frames(gen: Generation, chunks: ChunkStream) -> Iterator[bytes]:
+    yield chunks.chunk({"role": "assistant", "content": ""})
+    for event in gen.events():
+        if isinstance(event, LogprobsDelta):
+            yield chunks.chunk({}, logprobs={"content": list(event.entries), "refusal": None})
+        elif isinstance(event, TextDelta):
+            yield chunks.chunk({"content": event.text})
+        elif isinstance(event, ReasoningDelta):
+            yield chunks.chunk({"reasoning_content": event.text})
+        elif isinstance(event, ToolCallStart):
+            call = {"index": event.index, "id": event.id, "type": "function"}
+            call["function"] = {"name": event.name, "arguments": ""}
+            yield chunks.chunk({"tool_calls": [call]})
+        elif isinstance(event, ToolCallArgumentsDelta):
+            yield chunks.chunk(
+                {"tool_calls": [{"index": event.index, "function": {"arguments": event.json_fragment}}]}
+            )
+        elif isinstance(event, Finished):
+            yield chunks.chunk({}, event.finish)
+            if chunks.include_usage:
+                yield chunks.usage(event.usage)
 
 
 class ChatCompletionsResource:

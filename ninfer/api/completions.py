@@ -8,7 +8,6 @@ Generation runs with thinking off and no tool parsing: the visible text is retur
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from ninfer.api import fields as f
 from ninfer.api import sse
 from ninfer.api.chat_request import sampling_params
 from ninfer.api.context import ApiContext
-from ninfer.api.errors import ApiError, internal, invalid, unsupported
+from ninfer.api.errors import invalid, unsupported
 from ninfer.api.events import Finished, GenerationJob, TextDelta
 from ninfer.api.fields import parse_body
 from ninfer.api.parse_guard import guarded
@@ -112,7 +111,7 @@ def _stream(gen: Generation, head: dict[str, Any], echo: str, include_usage: boo
         body = {**head, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
         return sse.frame({**body, "usage": None} if include_usage else body)
 
-    try:
+    def frames() -> Iterator[bytes]:
         if echo:
             yield chunk(echo)
         for event in gen.events():
@@ -122,16 +121,8 @@ def _stream(gen: Generation, head: dict[str, Any], echo: str, include_usage: boo
                 yield chunk("", _finish(event))
                 if include_usage:
                     yield sse.frame({**head, "choices": [], "usage": _usage(event)})
-        yield sse.DONE
-    except ApiError as exc:
-        yield sse.frame(exc.body("openai"))
-        yield sse.DONE
-    except Exception as exc:
-        logging.getLogger("ninfer.api").exception("completion stream failed")
-        yield sse.frame(internal(f"internal error: {type(exc).__name__}").body("openai"))
-        yield sse.DONE
-    finally:
-        gen.close()
+
+    return sse.openai_stream(frames(), gen.close, "completion")
 
 
 class CompletionsResource:
