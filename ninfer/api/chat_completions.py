@@ -10,7 +10,7 @@ from typing import Any
 import falcon
 
 from ninfer.api import chat_request, sse
-from ninfer.api.context import ApiContext
+from ninfer.api.context import ApiContext, caller
 from ninfer.api.events import (
     Finished,
     LogprobsDelta,
@@ -116,7 +116,7 @@ class ChatCompletionsResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         pipeline = self.ctx.require_pipeline()
         request = chat_request.parse(parse_body(req.context.body), self.ctx)
-        gen = pipeline.open(request.job, getattr(req.context, "client_gone", None))
+        gen = pipeline.open(request.job, caller(req))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         model = self.ctx.model_id or request.model

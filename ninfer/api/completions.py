@@ -18,7 +18,7 @@ import falcon
 from ninfer.api import fields as f
 from ninfer.api import sse
 from ninfer.api.chat_request import sampling_params
-from ninfer.api.context import ApiContext
+from ninfer.api.context import ApiContext, caller
 from ninfer.api.errors import invalid, unsupported
 from ninfer.api.events import Finished, GenerationJob, TextDelta
 from ninfer.api.fields import parse_body
@@ -132,7 +132,7 @@ class CompletionsResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         pipeline = self.ctx.require_pipeline()
         job, model, echo, include_usage = parse(parse_body(req.context.body), self.ctx)
-        gen = pipeline.open(job, getattr(req.context, "client_gone", None))
+        gen = pipeline.open(job, caller(req))
         head = {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",

@@ -7,8 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.api.errors import ApiError, invalid
-from ninfer.api.pipeline import Pipeline
+from ninfer.api.pipeline import Caller, Pipeline
 from ninfer.api.response_store import ResponseStore
+
+
+def caller(req: Any) -> Caller:
+    """The request's sender as the service middleware recorded it on `req.context`."""
+    return Caller(getattr(req.context, "client_gone", None), getattr(req.context, "client_request_id", None))
 
 
 @dataclass

@@ -98,3 +98,4 @@ class GenerationJob:
     # legacy completions: the prompt's token ids as given (no chat template; thinking off)
     raw_prompt: tuple[int, ...] | None = None
     constraint: ConstraintSpec | None = None  # a grammar for the answer (response_format, tools)
+    client_request_id: str | None = None  # the caller's `x-request-id` (logged with the request)

@@ -11,7 +11,7 @@ import falcon
 
 from ninfer.api import messages_request, sse
 from ninfer.api.compat import Compat
-from ninfer.api.context import ApiContext
+from ninfer.api.context import ApiContext, caller
 from ninfer.api.errors import ApiError, internal
 from ninfer.api.events import (
     Finished,
@@ -155,7 +155,7 @@ class MessagesResource:
         pipeline = self.ctx.require_pipeline()
         compat = request_compat(req, self.ctx)
         request = messages_request.parse(parse_body(req.context.body), self.ctx, compat)
-        gen = pipeline.open(request.job, getattr(req.context, "client_gone", None))
+        gen = pipeline.open(request.job, caller(req))
         mid = f"msg_{uuid.uuid4().hex}"
         resp.set_header("x-request-id", str(gen.request_id))
         if request.job.stream:

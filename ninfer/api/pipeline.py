@@ -30,6 +30,14 @@ WATCH_S = 0.2  # how often a request waiting on the engine checks that its clien
 ClientProbe = Callable[[], bool]  # True once the client has closed its connection
 
 
+@dataclass(frozen=True)
+class Caller:
+    """What the HTTP layer knows of the request's sender."""
+
+    client_gone: ClientProbe | None = None  # None off gunicorn (e.g. in tests)
+    request_id: str | None = None  # the client's (a router's) valid `x-request-id`, for the logs
+
+
 class ClientDisconnected(ApiError):
     """The client went away while its request waited on the engine; the request is cancelled
     (reported as finished `cancelled`, like a stream whose client disconnected)."""
@@ -100,13 +108,16 @@ class Pipeline:
         prepared.release_media()  # counting needs only the grids
         return len(prepared.token_ids)
 
-    def open(self, job: GenerationJob, client_gone: ClientProbe | None = None) -> Generation:
+    def open(self, job: GenerationJob, caller: Caller | None = None) -> Generation:
         """Reserve, prepare and submit; raise ApiError (with an HTTP status) on any synchronous failure.
 
         Returns once the first engine output is available, so admission failures still get a
         real status code instead of an in-band stream error. With `client_gone`, every wait on the
         engine checks the client every WATCH_S and cancels the request once it has gone.
         """
+        caller = caller or Caller()
+        if caller.request_id is not None:
+            job = replace(job, client_request_id=caller.request_id)
         request_id = self._next_id()
         t0 = time.monotonic()
         tools = bool(job.shape.get("tools"))
@@ -155,7 +166,7 @@ class Pipeline:
             self.observer.rejected(request_id, job, error, time.monotonic() - t0)
             raise error from exc
         self.observer.started(request_id, job, prepared, request, handle.stats)
-        gen = Generation(request_id, job, prepared, handle, ticket, decoder, self, client_gone)
+        gen = Generation(request_id, job, prepared, handle, ticket, decoder, self, caller.client_gone)
         gen.prepare_s = time.monotonic() - t0
         gen.prime()
         return gen

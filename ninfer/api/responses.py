@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import falcon
 
-from ninfer.api.context import ApiContext
+from ninfer.api.context import ApiContext, caller
 from ninfer.api.errors import ApiError
 from ninfer.api.fields import parse_body
 from ninfer.api.response_store import ResponseStore
@@ -19,7 +19,7 @@ class ResponsesResource:
         self.service = service
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        self.service.create(parse_body(req.context.body), resp, getattr(req.context, "client_gone", None))
+        self.service.create(parse_body(req.context.body), resp, caller(req))
 
 
 class ResponseResource:

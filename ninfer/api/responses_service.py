@@ -13,7 +13,7 @@ from ninfer.api.compat import Compat, nearest_effort
 from ninfer.api.context import ApiContext
 from ninfer.api.errors import ApiError, invalid
 from ninfer.api.events import Finished, GenerationJob
-from ninfer.api.pipeline import ClientProbe, Generation
+from ninfer.api.pipeline import Caller, Generation
 from ninfer.api.response_store import ResponseStore, StoredResponse, make_record
 from ninfer.api.responses_items import item_ids, media_count, new_id, to_messages
 from ninfer.api.responses_object import Envelope
@@ -125,9 +125,7 @@ class ResponsesService:
             )
             self.store.put(record)
 
-    def create(
-        self, body: dict[str, Any], resp: falcon.Response, client_gone: ClientProbe | None = None
-    ) -> None:
+    def create(self, body: dict[str, Any], resp: falcon.Response, caller: Caller | None = None) -> None:
         pipeline = self.ctx.require_pipeline()
         request = parse_create(body, self.ctx.vision, Compat(self.ctx.client_compat))
         self.map_effort(request)
@@ -140,7 +138,7 @@ class ResponsesService:
                 envelope.id, envelope.body("in_progress"), request.input_items, [], False, parent
             )
             self.store.check_fits(empty.nbytes)
-        gen = pipeline.open(job, client_gone)
+        gen = pipeline.open(job, caller)
         prepared = gen.prepared
         if request.effort is None:
             envelope.reasoning_effort = prepared.effort if prepared.thinking else "none"

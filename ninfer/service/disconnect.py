@@ -4,7 +4,8 @@ A non-streaming request writes nothing until its answer is complete, so a client
 is noticed only by looking at the socket: the pipeline calls `req.context.client_gone()` while it
 waits on the engine and cancels the request once it returns True. The request was read whole
 before the app ran (`reader_worker`), so a readable socket means end of stream (or pipelined
-bytes, which `MSG_PEEK` leaves in place and which do not count as gone).
+bytes, which `MSG_PEEK` leaves in place and which do not count as gone). The same middleware
+records the caller's `x-request-id` so the request log can name it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import socket
 from collections.abc import Callable
 
 import falcon
+
+from ninfer.service.request_id import client_request_id
 
 _GONE = select.POLLHUP | select.POLLERR | select.POLLNVAL
 
@@ -43,8 +46,10 @@ def client_gone_probe(sock: socket.socket) -> Callable[[], bool]:
 
 
 class ClientWatch:
-    """Falcon middleware: `req.context.client_gone` is the probe (None off gunicorn, e.g. in tests)."""
+    """Falcon middleware: `req.context.client_gone` is the probe (None off gunicorn, e.g. in tests)
+    and `req.context.client_request_id` the caller's valid `x-request-id` (or None)."""
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
         sock = req.env.get("gunicorn.socket")
         req.context.client_gone = client_gone_probe(sock) if isinstance(sock, socket.socket) else None
+        req.context.client_request_id = client_request_id(req.env)

@@ -142,6 +142,7 @@ class Recorder:
         self.log.emit(
             "request_rejected",
             request_id=request_id,
+            client_request_id=job.client_request_id,
             protocol=job.protocol,
             phase="prepare",
             shape=job.shape,
@@ -168,6 +169,7 @@ class Recorder:
         self.log.emit(
             "request_start",
             request_id=request_id,
+            client_request_id=job.client_request_id,
             shape=job.shape,
             compat_adjustments=adjustments(job),
             prompt_tokens=len(prepared.token_ids),
@@ -190,6 +192,7 @@ class Recorder:
         self.log.emit(
             "request_done",
             request_id=request_id,
+            client_request_id=job.client_request_id,
             protocol=job.protocol,
             finish_reason=summary["finish_reason"],
             prompt_tokens=summary["prompt_tokens"],
@@ -231,6 +234,7 @@ class Recorder:
         self.log.emit(
             "request_error",
             request_id=request_id,
+            client_request_id=job.client_request_id,
             config=config,
             compat_adjustments=adjustments(job),
             message=error.message,

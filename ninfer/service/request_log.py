@@ -1,4 +1,4 @@
-"""The structured JSONL request log (schema v14): append-only, one flushed event per line."""
+"""The structured JSONL request log (schema v15): append-only, one flushed event per line."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 SCHEMA = "ninfer_serve_request_log"
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 REDACTED = "<redacted>"
 _KEY_FLAGS = ("--api-key", "server.api_key", "+server.api_key", "++server.api_key")
 

@@ -10,7 +10,10 @@ conversation, and every conversation ends with a Responses turn continued by
 `previous_response_id`. Reports, as one JSON document:
 
 - prefix reuse: the share of later turns whose `cached_tokens` (Chat) /
-  `cache_read_input_tokens` (Messages) is > 0;
+  `cache_read_input_tokens` (Messages) is > 0, and, from each replica's request log (every turn
+  carries an `x-request-id`; vllm-router forwards it on Chat, not on Messages), how many later
+  Chat turns the router kept on their conversation's replica; every kept turn must reuse its
+  prefix (a moved one starts cold by design);
 - load spread: requests per replica from each replica's `/metrics`
   (`vllm:request_success_total`), and the largest deviation from the mean;
 - Responses continuations that found their stored response (200) through the router;
@@ -34,6 +37,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import requests
@@ -58,6 +62,7 @@ class Proc:
     url: str
     proc: subprocess.Popen[bytes]
     log: Path
+    request_log: Path | None = None  # a replica's --request-log-jsonl
 
     def stop(self, timeout_s: float = 30.0) -> int:
         if self.proc.poll() is None:
@@ -85,12 +90,15 @@ def start_replica(index: int, workdir: Path, cache: Path | None, drain_s: float 
     env = os.environ.copy()
     if cache is not None:
         env["NINFER_CACHE_DIR"] = str(cache)
+    name = f"replica{index}"
+    request_log = workdir / f"{name}.jsonl"
     argv = [sys.executable, "-m", "ninfer.service.cli", "--host", HOST, "--port", str(port),
             "--device", "cpu", "--max-context", "1024", "--max-concurrency", "4",
             "--max-pending-requests", "64", "--log-stats-interval-ms", "0",
-            "--set", f"server.drain_timeout_s={drain_s}"]  # fmt: skip
-    name = f"replica{index}"
-    return Proc(name, f"http://{HOST}:{port}", _spawn(name, argv, workdir, env), workdir / f"{name}.log")
+            "--request-log-jsonl", str(request_log), "--set", f"server.drain_timeout_s={drain_s}"]  # fmt: skip
+    return Proc(
+        name, f"http://{HOST}:{port}", _spawn(name, argv, workdir, env), workdir / f"{name}.log", request_log
+    )
 
 
 def start_router(
@@ -153,11 +161,51 @@ class Tally:
     responses_ok: int = 0
     responses_total: int = 0
     failures: list[str] = field(default_factory=list)
+    turn_ids: list[list[str]] = field(default_factory=list)  # each conversation's x-request-ids
 
 
-def _chat_turn(router: str, messages: list[dict], max_tokens: int) -> tuple[str, int]:
+@dataclass
+class Placement:
+    """Where the router put each later turn, read from the replicas' request logs."""
+
+    kept: int = 0  # later turns served by the replica that served the conversation's previous turn
+    moved: int = 0  # later turns the router sent elsewhere (a cold prefix there, by design)
+    lost: list[str] = field(default_factory=list)  # kept turns that still missed the prefix cache
+    unseen: int = 0  # later turns without the id in a log (vllm-router forwards it on Chat only)
+
+
+def served_by(workers: list[Proc]) -> dict[str, tuple[int, int]]:
+    """x-request-id -> (replica index, cached_tokens) for every finished request."""
+    out: dict[str, tuple[int, int]] = {}
+    for index, w in enumerate(workers):
+        if w.request_log is None or not w.request_log.exists():
+            continue
+        for line in w.request_log.read_text().splitlines():
+            event = json.loads(line)
+            if event["event"] == "request_done" and event.get("client_request_id"):
+                out[event["client_request_id"]] = (index, int(event["cached_tokens"]))
+    return out
+
+
+def placement(tally: Tally, workers: list[Proc]) -> Placement:
+    where = served_by(workers)
+    out = Placement()
+    for ids in tally.turn_ids:
+        for prev, cur in pairwise(ids):
+            if cur not in where or prev not in where:
+                out.unseen += 1
+            elif where[cur][0] != where[prev][0]:
+                out.moved += 1
+            else:
+                out.kept += 1
+                if where[cur][1] == 0:
+                    out.lost.append(cur)
+    return out
+
+
+def _chat_turn(router: str, messages: list[dict], max_tokens: int, rid: str) -> tuple[str, int]:
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **NO_THINK}
-    r = requests.post(f"{router}/v1/chat/completions", json=body, timeout=120)
+    r = requests.post(f"{router}/v1/chat/completions", json=body, timeout=120, headers={"x-request-id": rid})
     if r.status_code != 200:
         raise RuntimeError(f"chat {r.status_code}: {r.text[:200]}")
     out = r.json()
@@ -165,12 +213,11 @@ def _chat_turn(router: str, messages: list[dict], max_tokens: int) -> tuple[str,
     return out["choices"][0]["message"]["content"] or "", int(cached)
 
 
-def _messages_turn(router: str, messages: list[dict], max_tokens: int) -> tuple[str, int]:
+def _messages_turn(router: str, messages: list[dict], max_tokens: int, rid: str) -> tuple[str, int]:
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "thinking": {"type": "disabled"}}  # fmt: skip
-    r = requests.post(
-        f"{router}/v1/messages", json=body, timeout=120, headers={"anthropic-version": "2023-06-01"}
-    )
+    headers = {"anthropic-version": "2023-06-01", "x-request-id": rid}
+    r = requests.post(f"{router}/v1/messages", json=body, timeout=120, headers=headers)
     if r.status_code != 200:
         raise RuntimeError(f"messages {r.status_code}: {r.text[:200]}")
     out = r.json()
@@ -199,9 +246,12 @@ def conversation(router: str, index: int, turns: int, max_tokens: int, responses
     turn_fn = _chat_turn if index % 2 == 0 else _messages_turn
     if index % 2 == 0:
         messages.insert(0, {"role": "system", "content": "You plan short trips."})
+    ids: list[str] = []
+    tally.turn_ids.append(ids)
     try:
         for turn in range(turns):
-            reply, cached = turn_fn(router, messages, max_tokens)
+            ids.append(f"conversation-{index}-turn-{turn}")
+            reply, cached = turn_fn(router, messages, max_tokens, ids[-1])
             if turn > 0:
                 tally.later_turns += 1
                 tally.reused_turns += int(cached > 0)
@@ -230,6 +280,7 @@ def drive(
             total.responses_ok += t.responses_ok
             total.responses_total += t.responses_total
             total.failures += t.failures
+            total.turn_ids += t.turn_ids
     return total
 
 
@@ -266,9 +317,14 @@ def run(args: argparse.Namespace) -> dict:
         base = [served(w.url) for w in workers]
         main = drive(router.url, 0, args.conversations, args.turns, args.max_tokens, args.clients, True)
         per = [served(w.url) - b for w, b in zip(workers, base, strict=True)]
+        placed = placement(main, workers)
         report.update(
             seconds=round(time.monotonic() - t0, 1),
             reuse_ratio=main.reused_turns / main.later_turns if main.later_turns else 0.0,
+            kept_on_replica=placed.kept,
+            moved_by_router=placed.moved,
+            placement_unseen=placed.unseen,
+            kept_but_not_reused=placed.lost[:10],
             later_turns=main.later_turns,
             responses_ok=main.responses_ok,
             responses_total=main.responses_total,
@@ -295,6 +351,8 @@ def checks(report: dict, min_reuse: float, max_spread: float) -> list[str]:
     bad = []
     if report["failures"]:
         bad.append(f"failures: {report['failures']}")
+    if report["kept_but_not_reused"]:
+        bad.append(f"turns on their conversation's replica without reuse: {report['kept_but_not_reused']}")
     if report["reuse_ratio"] < min_reuse:
         bad.append(f"reuse {report['reuse_ratio']:.2f} < {min_reuse}")
     if report["spread"] > max_spread:

@@ -93,14 +93,23 @@ def test_livez_open_and_request_id_echo(server: Server) -> None:
     r = requests.post(f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
     assert r.status_code == 200, r.text
     assert r.headers["x-request-id"] == "router-abc-123"
-    assert int(r.headers["x-ninfer-request-id"]) > 0
+    named = int(r.headers["x-ninfer-request-id"])
+    assert named > 0
     plain = requests.post(
         f"{server.url}/v1/chat/completions", json=body, headers=server.headers(), timeout=60
     )
     assert int(plain.headers["x-request-id"]) > 0 and "x-ninfer-request-id" not in plain.headers
     bad_id = {**server.headers(), "x-request-id": "x" * 200}  # too long: not echoed
     r = requests.post(f"{server.url}/v1/chat/completions", json=body, headers=bad_id, timeout=60)
-    assert int(r.headers["x-request-id"]) > 0
+    own = int(r.headers["x-request-id"])
+    assert own > 0
+
+    # the request log names the caller's id beside the server's own (start and done)
+    ours = [e for e in server.events() if e.get("client_request_id") == "router-abc-123"]
+    assert [e["event"] for e in ours] == ["request_start", "request_done"]
+    assert {e["request_id"] for e in ours} == {named}
+    unnamed = [e for e in server.events() if e.get("request_id") == own]
+    assert unnamed and all(e["client_request_id"] is None for e in unnamed)
 
 
 def test_traceparent_joins_the_callers_trace() -> None:
