@@ -1,7 +1,9 @@
 """The Hydra -> Settings bridge: compose conf/, layer NINFER_* env, validate into frozen Settings.
 
-Precedence, low to high: the YAML files under conf/ (group defaults, then a ``+preset=NAME``),
-then ``NINFER_<GROUP>_<KEY>`` environment variables, then explicit ``group.key=value`` overrides.
+Precedence, low to high: the settings models' defaults (registered with Hydra's ConfigStore as
+``ninfer_defaults``: every default lives once, in `groups.py`), a ``+preset=NAME`` from
+conf/preset/, then ``NINFER_<GROUP>_<KEY>`` environment variables, then explicit
+``group.key=value`` overrides.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ninfer.config.groups import GROUPS
 from ninfer.config.settings import Settings
 
 CONFIG_NAME = "config"
+DEFAULTS_NODE = "ninfer_defaults"  # conf/config.yaml's first default: the models' values
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout holding ninfer/ and conf/
 _LOCK = threading.Lock()  # Hydra's global state is per process
 
@@ -44,6 +47,23 @@ def conf_dir() -> Path:
         f"conf/: {CONFIG_NAME}.yaml not found in {', '.join(str(c) for c in candidates)} "
         "(set NINFER_CONF_DIR or run from a checkout)"
     )
+
+
+def defaults_tree() -> dict[str, dict[str, Any]]:
+    """Every settings group's default values, read from the models."""
+    return {
+        name: {field: info.default for field, info in model.model_fields.items()}
+        for name, model in GROUPS.items()
+    }
+
+
+def register_defaults() -> None:
+    """Store the models' defaults as Hydra's ``ninfer_defaults`` node (conf/config.yaml's first
+    default). Done when this module is imported, so a ``@hydra.main`` entry point over conf/
+    composes the same tree once it has imported ``ninfer.config``."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=DEFAULTS_NODE, node=defaults_tree())
 
 
 def group_options(group: str) -> list[str]:
@@ -71,8 +91,8 @@ def explicit_keys(overrides: Sequence[str]) -> set[str]:
         value = ov.value() if not ov.is_delete() else None
         if name.startswith("hydra.") or name.startswith("hydra/"):
             continue
-        if "." not in name:  # a config group choice: one of the groups, or preset
-            if name not in (*GROUPS, "preset"):
+        if "." not in name:  # a config group choice: only preset is one
+            if name != "preset":
                 raise ConfigError.for_key(
                     name, value, f"unknown key (valid groups: {', '.join(GROUPS)}, preset)"
                 )
@@ -219,3 +239,6 @@ def load_settings(overrides: Sequence[str] = ()) -> Settings:
     overrides = list(overrides)
     explicit_keys(overrides)  # clear messages for unknown keys before Hydra's own
     return settings_from_config(_composed(overrides), overrides)
+
+
+register_defaults()

@@ -179,13 +179,16 @@ def test_device_cpu_is_accepted() -> None:
     assert load_settings(["engine.dtype=float32"]).engine.torch_dtype(on_gpu=True) == "float32"
 
 
-def test_yaml_defaults_list_every_key_with_the_model_default() -> None:
+def test_every_default_lives_in_the_models_and_conf_holds_only_presets() -> None:
     root = conf_dir()
+    assert sorted(p.name for p in root.iterdir()) == ["config.yaml", "preset"]
     config = yaml.safe_load((root / "config.yaml").read_text())
-    groups = [d for d in config["defaults"] if isinstance(d, dict) and "override" not in next(iter(d))]
-    assert [next(iter(d)) for d in groups] == list(GROUPS)
+    assert config["defaults"][0] == "ninfer_defaults"
+    for path in (root / "preset").glob("*.yaml"):  # a preset overlays values, it adds no keys
+        for group, values in (yaml.safe_load(path.read_text()) or {}).items():
+            assert set(values) <= set(GROUPS[group].model_fields), path.name
+    composed = load_settings()
     for name, model in GROUPS.items():
-        values = yaml.safe_load(Path(root / name / "default.yaml").read_text())
-        assert list(values) == list(model.model_fields), name
         for field, info in model.model_fields.items():
-            assert values[field] == info.default, f"{name}.{field}"
+            value = getattr(getattr(composed, name), field)
+            assert value == info.default, f"{name}.{field}"
