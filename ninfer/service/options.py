@@ -1,9 +1,10 @@
-"""The service's narrow view of the settings: the one place that reads the Settings groups."""
+"""The service's narrow view of the settings: the one place the service reads the Settings groups."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from ninfer.config import Settings
 
 # Threads beyond max_concurrency + max_pending for /health, /v1/models, errors and rejections.
 # Requests reach a thread only once fully read (`reader_worker`), so these are never held by
@@ -34,14 +35,14 @@ class ServiceOptions:
     otlp_endpoint: str | None
     service_name: str
     artifact: str | None
-    drain_timeout_s: float = 30.0
-    metrics_open: bool = False
-    response_store_max_records: int = 1024
-    response_store_max_mib: int = 256
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 60.0
-    keepalive_s: int = 5
-    client_compat: bool = False
+    drain_timeout_s: float
+    metrics_open: bool
+    response_store_max_records: int
+    response_store_max_mib: int
+    header_timeout_s: float
+    body_timeout_s: float
+    keepalive_s: int
+    client_compat: bool
 
     @property
     def threads(self) -> int:
@@ -49,45 +50,39 @@ class ServiceOptions:
         return self.max_concurrency + self.max_pending + THREAD_HEADROOM
 
 
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    return getattr(obj, name, default) if obj is not None else default
-
-
-def from_settings(settings: Any) -> ServiceOptions:
-    server, engine = settings.server, settings.engine
-    logging_, telemetry = _get(settings, "logging"), _get(settings, "telemetry")
-    sampling, vision, model = _get(settings, "sampling"), _get(settings, "vision"), _get(settings, "model")
-    api_key = _get(server, "api_key")
-    if api_key is not None and hasattr(api_key, "get_secret_value"):
-        api_key = api_key.get_secret_value()
+def from_settings(settings: Settings) -> ServiceOptions:
+    """The service's fields, read from the validated settings (every default lives in the models)."""
+    server, engine, logging_ = settings.server, settings.engine, settings.logging
+    telemetry, sampling = settings.telemetry, settings.sampling
+    api_key = server.api_key.get_secret_value() if server.api_key is not None else None
     return ServiceOptions(
         host=server.host,
-        port=int(server.port),
+        port=server.port,
         api_key=api_key or None,
-        model_id=_get(server, "model_id"),
-        cors=bool(_get(server, "cors", False)),
-        max_request_bytes=int(_get(server, "max_request_mib", 384)) * 1024 * 1024,
-        max_context=int(engine.max_context),
-        max_concurrency=int(engine.max_concurrency),
-        max_pending=int(_get(engine, "max_pending_requests", 16)),
-        pending_timeout_ms=int(_get(engine, "pending_timeout_ms", 30000)),
-        default_max_tokens=int(_get(engine, "default_max_tokens", 8192)),
-        vision=bool(_get(vision, "enabled", False)),
-        thinking_default=not bool(_get(sampling, "no_thinking", False)),
-        preserve_thinking_default=bool(_get(sampling, "preserve_thinking", False)),
-        log_level=str(_get(logging_, "level", "INFO")),
-        request_log_path=_get(logging_, "request_log_jsonl"),
-        log_stats_interval_ms=int(_get(logging_, "log_stats_interval_ms", 5000)),
-        trace_exporter=str(_get(telemetry, "exporter", "none")),
-        otlp_endpoint=_get(telemetry, "otlp_endpoint"),
-        service_name=str(_get(telemetry, "service_name", "ninfer")),
-        artifact=None if _get(model, "artifact") is None else str(model.artifact),
-        drain_timeout_s=float(_get(server, "drain_timeout_s", 30.0)),
-        metrics_open=bool(_get(server, "metrics_open", False)),
-        response_store_max_records=int(_get(server, "response_store_max_records", 1024)),
-        response_store_max_mib=int(_get(server, "response_store_max_mib", 256)),
-        header_timeout_s=float(_get(server, "header_timeout_s", 10.0)),
-        body_timeout_s=float(_get(server, "body_timeout_s", 60.0)),
-        keepalive_s=int(_get(server, "keepalive_s", 5)),
-        client_compat=bool(_get(server, "client_compat", False)),
+        model_id=server.model_id,
+        cors=server.cors,
+        max_request_bytes=server.max_request_mib * 1024 * 1024,
+        max_context=engine.max_context,
+        max_concurrency=engine.max_concurrency,
+        max_pending=engine.max_pending_requests,
+        pending_timeout_ms=engine.pending_timeout_ms,
+        default_max_tokens=engine.default_max_tokens,
+        vision=settings.vision.enabled,
+        thinking_default=not sampling.no_thinking,
+        preserve_thinking_default=sampling.preserve_thinking,
+        log_level=logging_.level,
+        request_log_path=logging_.request_log_jsonl,
+        log_stats_interval_ms=logging_.log_stats_interval_ms,
+        trace_exporter=telemetry.exporter,
+        otlp_endpoint=telemetry.otlp_endpoint,
+        service_name=telemetry.service_name,
+        artifact=settings.model.artifact,
+        drain_timeout_s=server.drain_timeout_s,
+        metrics_open=server.metrics_open,
+        response_store_max_records=server.response_store_max_records,
+        response_store_max_mib=server.response_store_max_mib,
+        header_timeout_s=server.header_timeout_s,
+        body_timeout_s=server.body_timeout_s,
+        keepalive_s=server.keepalive_s,
+        client_compat=server.client_compat,
     )
