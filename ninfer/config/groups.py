@@ -27,6 +27,16 @@ Int = Annotated[int, BeforeValidator(_not_bool)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
 
 
+def flag(
+    meaning: str, *, metavar: str | None = None, shown: str | None = None, valid: str | None = None
+) -> dict[str, Any]:
+    """Field arguments of a setting that is also a `ninfer-serve` flag (config/options.py builds the
+    flag table from them): its meaning, the flag's metavar where the type does not say it, and
+    the default as the contract words it where that is not the value itself."""
+    extra = {"metavar": metavar, "shown_default": shown, "valid": valid}
+    return {"description": meaning, "json_schema_extra": {k: v for k, v in extra.items() if v} or None}
+
+
 def _config(group: str) -> SettingsConfigDict:
     return SettingsConfigDict(frozen=True, env_prefix=f"NINFER_{group.upper()}_", extra="forbid")
 
@@ -44,20 +54,29 @@ class EngineSettings(BaseSettings):
 
     model_config = _config("engine")
 
-    max_context: Int = Field(8192, ge=1)
-    max_concurrency: Int = Field(1, ge=1, le=MAX_CONCURRENCY)
-    max_pending_requests: Int = Field(16, ge=0)
-    pending_timeout_ms: Int = Field(30000, ge=1)
-    prefill_chunk: Int = Field(1024, ge=1)
-    device: Annotated[int, Field(ge=0), BeforeValidator(_not_bool)] | Literal["cpu"] = Field(
-        0, json_schema_extra={"valid": "must be a CUDA device index >= 0 or cpu"}
+    max_context: Int = Field(8192, ge=1, **flag("logical context ceiling of each sequence"))
+    max_concurrency: Int = Field(
+        1, ge=1, le=MAX_CONCURRENCY, **flag("maximum admitted requests; valid range 1..8")
     )
-    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    max_pending_requests: Int = Field(16, ge=0, **flag("additional requests allowed to wait for admission"))
+    pending_timeout_ms: Int = Field(30000, ge=1, **flag("maximum preparation-plus-admission wait"))
+    prefill_chunk: Int = Field(1024, ge=1, **flag("text-prefill chunk"))
+    device: Annotated[int, Field(ge=0), BeforeValidator(_not_bool)] | Literal["cpu"] = Field(
+        0,
+        **flag(
+            "CUDA device index (or cpu; the CPU is used when CUDA is absent)",
+            metavar="N",
+            valid="must be a CUDA device index >= 0 or cpu",
+        ),
+    )
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto", **flag("weight and activation dtype", shown="auto (bf16 GPU, fp32 CPU)")
+    )
     # kernel backend: auto = the fastest that imports (triton on CUDA, else reference)
     kernel_backend: Literal["auto", "reference", "triton", "xformers", "tensorrt"] = "auto"
-    no_cuda_graph: bool = False
-    no_prefix_reuse: bool = False
-    default_max_tokens: Int = Field(8192, ge=1)
+    no_cuda_graph: bool = Field(False, **flag("disable CUDA Graph decode graphs", shown="on"))
+    no_prefix_reuse: bool = Field(False, **flag("disable compatible-prefix caching", shown="prefix reuse on"))
+    default_max_tokens: Int = Field(8192, ge=1, **flag("output limit when omitted by a request"))
 
     def torch_device(self, cuda_available: bool) -> str:
         """``cuda:N``, or ``cpu`` when asked for or when CUDA is absent."""
@@ -77,9 +96,16 @@ class KVSettings(BaseSettings):
 
     # tokens; None follows engine.max_context, "auto" maximizes it from free GPU memory
     capacity: Annotated[int, Field(ge=1), BeforeValidator(_not_bool)] | Literal["auto"] | None = Field(
-        None, json_schema_extra={"valid": "must be an integer >= 1, auto or null"}
+        None,
+        **flag(
+            "explicit shared Main Text KV capacity, or maximize it from remaining GPU memory; "
+            "omitted means --max-context",
+            metavar="N|auto",
+            shown="8192",
+            valid="must be an integer >= 1, auto or null",
+        ),
     )
-    dtype: Literal["bf16", "int8"] = "bf16"
+    dtype: Literal["bf16", "int8"] = Field("bf16", **flag("KV-cache storage"))
 
 
 class SpecSettings(BaseSettings):
@@ -87,9 +113,9 @@ class SpecSettings(BaseSettings):
 
     model_config = _config("spec")
 
-    method: Literal["mtp", "dflash"] | None = None
-    draft_tokens: Int | None = Field(None, ge=1, le=DFLASH_MAX_DRAFT)
-    lm_head_draft: bool = False
+    method: Literal["mtp", "dflash"] | None = Field(None, **flag("speculative backend", shown="off"))
+    draft_tokens: Int | None = Field(None, ge=1, le=DFLASH_MAX_DRAFT, **flag("MTP 1..5; DFlash 1..15"))
+    lm_head_draft: bool = Field(False, **flag("optimized proposal head"))
 
     @model_validator(mode="after")
     def _rules(self) -> SpecSettings:
@@ -116,10 +142,14 @@ class VisionSettings(BaseSettings):
 
     model_config = _config("vision")
 
-    enabled: bool = False
-    media_cache_mib: Int = Field(1024, ge=0)
-    media_live_mib: Int = Field(2048, ge=1)
-    media_preprocess_threads: Int = Field(0, ge=0)
+    enabled: bool = Field(False, **flag("enable media input and load Vision GPU allocations"))
+    media_cache_mib: Int = Field(
+        1024, ge=0, **flag("LRU-retained prepared BF16 media payloads; 0 disables retention")
+    )
+    media_live_mib: Int = Field(2048, ge=1, **flag("all live prepared BF16 media payloads"))
+    media_preprocess_threads: Int = Field(
+        0, ge=0, **flag("bounded media preprocessing workers; 0 selects at most 16 from host concurrency")
+    )
     # media URLs may name loopback / private / link-local hosts (off: such URLs are refused)
     allow_private_media_urls: bool = False
     media_max_fetch_mib: Int = Field(64, ge=1)  # one acquired media item
@@ -131,10 +161,21 @@ class ColdTierSettings(BaseSettings):
 
     model_config = _config("cold_tier")
 
-    enabled: bool = True
-    device: Int = Field(-1, ge=-1)  # -1 spans every non-primary device with >= 512 MiB free
-    capacity_mib: Int = Field(0, ge=0)  # 0 sizes each arena from free memory minus 256 MiB
-    staging_mib: Int = Field(64, ge=1)
+    enabled: bool = Field(True, **flag("disable the cross-GPU cold tier", shown="cold tier on"))
+    device: Int = Field(
+        -1,
+        ge=-1,
+        **flag(
+            "pin the cold tier to one secondary device; -1 spans every non-primary device with at "
+            "least 512 MiB free"
+        ),
+    )
+    capacity_mib: Int = Field(
+        0,
+        ge=0,
+        **flag("per-device cold-tier arena bytes; 0 sizes each arena from device free memory minus 256 MiB"),
+    )
+    staging_mib: Int = Field(64, ge=1, **flag("pinned host staging buffer for cold-tier transfers"))
 
 
 class ServerSettings(BaseSettings):
@@ -142,17 +183,30 @@ class ServerSettings(BaseSettings):
 
     model_config = _config("server")
 
-    host: str = Field("127.0.0.1", min_length=1)
-    port: Int = Field(8080, ge=1, le=65535)
-    api_key: SecretStr | None = Field(None, min_length=1)
-    model_id: str | None = Field(None, min_length=1)  # None = the artifact's identity.model_id
-    cors: bool = False
-    client_compat: bool = False  # accept / ignore / map real clients' extra fields (api/compat.py)
-    max_request_mib: Int = Field(384, ge=1)
-    response_store_max_records: Int = Field(1024, ge=1)
-    response_store_max_mib: Int = Field(256, ge=1)
+    host: str = Field("127.0.0.1", min_length=1, **flag("listen address", metavar="H"))
+    port: Int = Field(8080, ge=1, le=65535, **flag("listen port"))
+    api_key: SecretStr | None = Field(
+        None, min_length=1, **flag("required bearer or x-api-key value", metavar="KEY")
+    )
+    model_id: str | None = Field(
+        None,
+        min_length=1,
+        **flag("override the public OpenAI model alias", metavar="ID", shown="artifact identity.model_id"),
+    )
+    cors: bool = Field(False, **flag("permissive browser CORS headers"))
+    client_compat: bool = Field(  # api/compat.py
+        False,
+        **flag("accept, ignore or map the extra fields real clients send (recorded per request)"),
+    )
+    max_request_mib: Int = Field(384, ge=1, **flag("body-size limit before JSON parsing"))
+    response_store_max_records: Int = Field(1024, ge=1, **flag("maximum locally retained Responses objects"))
+    response_store_max_mib: Int = Field(
+        256, ge=1, **flag("total local Response envelope/Item/context budget")
+    )
     drain_timeout_s: Float = Field(30.0, ge=0.0, allow_inf_nan=False)  # graceful-shutdown wait
-    metrics_open: bool = False  # GET /metrics without the API key (a scraper on a private network)
+    metrics_open: bool = Field(  # for a scraper on a private network
+        False, **flag("serve GET /metrics without the API key", shown="follows --api-key")
+    )
     # a started request's head must arrive within header_timeout_s, its body within body_timeout_s
     # after the head (else 408); an idle connection is closed after keepalive_s
     header_timeout_s: Float = Field(10.0, gt=0.0, le=3600.0, allow_inf_nan=False)
@@ -165,16 +219,31 @@ class SamplingSettings(BaseSettings):
 
     model_config = _config("sampling")
 
-    temperature: Float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
-    top_p: Float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
-    top_k: Int | None = Field(None, ge=0)  # 0 = no top-k cut
-    min_p: Float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
-    presence_penalty: Float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
-    frequency_penalty: Float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
-    seed: Int | None = Field(None, ge=0, le=MAX_SEED)  # None = a fresh random seed per request
-    greedy: bool = False
-    no_thinking: bool = False
-    preserve_thinking: bool = False
+    temperature: Float | None = Field(
+        None, ge=0.0, le=2.0, allow_inf_nan=False, **flag("process-level temperature override")
+    )
+    top_p: Float | None = Field(
+        None, ge=0.0, le=1.0, allow_inf_nan=False, **flag("process-level top-p override")
+    )
+    top_k: Int | None = Field(None, ge=0, **flag("process-level top-k override"))  # 0 = no cut
+    min_p: Float | None = Field(
+        None, ge=0.0, le=1.0, allow_inf_nan=False, **flag("process-level min-p override")
+    )
+    presence_penalty: Float | None = Field(
+        None, ge=-2.0, le=2.0, allow_inf_nan=False, **flag("process-level presence-penalty override")
+    )
+    frequency_penalty: Float | None = Field(
+        None, ge=-2.0, le=2.0, allow_inf_nan=False, **flag("process-level frequency-penalty override")
+    )
+    seed: Int | None = Field(
+        None,
+        ge=0,
+        le=MAX_SEED,
+        **flag("fixed seed when a request omits one", shown="fresh random seed per request"),
+    )
+    greedy: bool = Field(False, **flag("force exact argmax for all requests"))
+    no_thinking: bool = Field(False, **flag("disable thinking by default", shown="thinking on"))
+    preserve_thinking: bool = Field(False, **flag("preserve closed-turn assistant reasoning by default"))
 
 
 class LoggingSettings(BaseSettings):
@@ -182,9 +251,17 @@ class LoggingSettings(BaseSettings):
 
     model_config = _config("logging")
 
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
-    request_log_jsonl: str | None = Field(None, min_length=1)
-    log_stats_interval_ms: Int = Field(5000, ge=0)  # 0 disables the report
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+        "INFO", **flag("console log level", metavar="LEVEL")
+    )
+    request_log_jsonl: str | None = Field(
+        None,
+        min_length=1,
+        **flag("append full-precision server/request records", metavar="FILE", shown="disabled"),
+    )
+    log_stats_interval_ms: Int = Field(
+        5000, ge=0, **flag("aggregate throughput report interval; 0 disables it")
+    )
 
 
 class TelemetrySettings(BaseSettings):

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Serve one .ninfer artifact over OpenAI- and Anthropic-compatible HTTP endpoints.",
         epilog=(
-            "Precedence: conf/ YAML and presets < NINFER_<GROUP>_<KEY> environment < flags and --set. "
+            "Precedence: defaults < --preset < NINFER_<GROUP>_<KEY> environment < flags and --set. "
             "Each flag sets the settings key shown in parentheses."
         ),
     )
