@@ -9,9 +9,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ninfer.config.errors import ConfigError
 
-PAGE_TOKENS = 64  # the KV pool and every sequence are counted in pages of this many tokens
 MTP_MAX_DRAFT = 5
-DFLASH_MAX_DRAFT = 15
+DEFAULT_DRAFT_TOKENS = 3  # k when --spec is given without --draft-tokens
+DFLASH_MAX_DRAFT = 15  # a block of 16: the anchor + 15 masks
 MAX_CONCURRENCY = 8
 MAX_SEED = 2**63 - 1
 

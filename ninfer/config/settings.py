@@ -9,7 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ninfer.config.errors import REDACTED, ConfigError
 from ninfer.config.groups import (
-    PAGE_TOKENS,
     ColdTierSettings,
     EngineSettings,
     KVSettings,
@@ -21,6 +20,7 @@ from ninfer.config.groups import (
     TelemetrySettings,
     VisionSettings,
 )
+from ninfer.model.config import PAGE_SIZE as PAGE_TOKENS  # the KV pool counts in these pages
 
 MOE_FAMILY = "qwen3_5_moe"  # the 35B-A3B family, the only one with a DFlash drafter
 

@@ -5,19 +5,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ninfer.config.groups import DEFAULT_DRAFT_TOKENS, ColdTierSettings, EngineSettings
 from ninfer.engine.sampler import SamplingOverrides
+
+# the settings models hold every default; an engine built without Settings (tests, scripts) gets the same
+_E = {name: info.default for name, info in EngineSettings.model_fields.items()}
+_C = {name: info.default for name, info in ColdTierSettings.model_fields.items()}
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    max_concurrency: int = 1  # lanes: active requests, each also a retained-prefix residency
-    max_pending: int = 16  # requests allowed beyond the active set (lifetime tickets)
-    pending_timeout_ms: int = 30_000  # reservation -> admission deadline
-    prefill_chunk: int = 1024
-    max_context: int = 8192
+    max_concurrency: int = _E[
+        "max_concurrency"
+    ]  # lanes: active requests, each also a retained-prefix residency
+    max_pending: int = _E["max_pending_requests"]  # requests allowed beyond the active set (lifetime tickets)
+    pending_timeout_ms: int = _E["pending_timeout_ms"]  # reservation -> admission deadline
+    prefill_chunk: int = _E["prefill_chunk"]
+    max_context: int = _E["max_context"]
     kv_capacity: int | str | None = None  # tokens, "auto", or None = max_context
     no_prefix_reuse: bool = False
-    default_max_tokens: int = 8192  # for requests whose max_tokens is None
+    default_max_tokens: int = _E["default_max_tokens"]  # for requests whose max_tokens is None
     device: str = "cpu"
     dtype: str = "float32"  # "float32" | "bfloat16"
     sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
@@ -46,7 +53,7 @@ class EngineConfig:
     prefill_graph_buckets: tuple[int, ...] = (16, 32)
     # Speculative decoding (frozen at startup; without a method no MTP weights or buffers exist).
     spec_method: str | None = None  # None | "mtp" | "dflash" (the artifact's dflash component)
-    draft_tokens: int = 3  # k drafts per round: 1..5 for MTP, 1..15 for DFlash
+    draft_tokens: int = DEFAULT_DRAFT_TOKENS  # k drafts per round: 1..5 for MTP, 1..15 for DFlash
     lm_head_draft: bool = False  # draft through the reduced-vocabulary proposal head
     # Benchmarking/testing aid, not a serving feature: when set, drafts are the target's own greedy
     # continuation (k extra target steps per round), each replaced by a wrong token with this
@@ -54,7 +61,7 @@ class EngineConfig:
     spec_oracle_wrong_fraction: float | None = None
     spec_oracle_seed: int = 0
     # Cross-GPU cold tier for evicted retained prefixes (inactive without a secondary CUDA device).
-    cold_tier: bool = True
-    cold_tier_device: int = -1  # -1: every non-primary device with >= 512 MiB free
-    cold_tier_capacity_mib: int = 0  # per arena; 0: the device's free memory minus 256 MiB
-    cold_tier_staging_mib: int = 64  # pinned host staging buffer for the chunked transfers
+    cold_tier: bool = _C["enabled"]
+    cold_tier_device: int = _C["device"]  # -1: every non-primary device with >= 512 MiB free
+    cold_tier_capacity_mib: int = _C["capacity_mib"]  # per arena; 0: the device's free memory minus 256 MiB
+    cold_tier_staging_mib: int = _C["staging_mib"]  # pinned host staging buffer for the chunked transfers

@@ -154,23 +154,6 @@ class Engine:
         self._kernels_at_ready: dict[str, int] = {}
         jit_watch.install()
 
-    @classmethod
-    def from_settings(cls, settings: Any, artifact: Any) -> Engine:
-        """Composition root: load the artifact's text model and build the engine from `Settings`."""
-        from ninfer.engine.compose import engine_parts
-
-        model, config, detok, draft_head = engine_parts(settings, artifact)
-        from ninfer.engine.grammar import Grammars
-
-        stops = set(model.config.eos_token_ids)
-        grammars = Grammars(artifact.tokenizer_path, model.config.vocab_size, stops)
-        vision = None
-        if settings.vision.enabled:
-            from ninfer.engine.compose import vision_tower
-
-            vision = vision_tower(artifact, config)
-        return cls(model, config, detok, draft_head, vision, grammars=grammars)
-
     # ----- caller threads -----
     def start(self) -> Engine:
         if self._thread is None:

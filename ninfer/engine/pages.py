@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-PAGE = 64  # tokens per KV page (the model's KVPool page size)
+from ninfer.model.config import PAGE_SIZE as PAGE  # tokens per KV page
 
 
 def pages_for(tokens: int) -> int:

@@ -7,9 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.model.config import TextConfig
-
-PAGE_SIZE = 64
+from ninfer.model.config import PAGE_SIZE, TextConfig
 
 
 def _need(name: str, value: int | None) -> int:

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+PAGE_SIZE = 64  # tokens per KV page: the pool, the engine's allocator and the settings count in these
+
 DENSE = "qwen3_5"
 MOE = "qwen3_5_moe"
 FAMILIES = (DENSE, MOE)

@@ -29,9 +29,9 @@ EngineFactory = Callable[[Any, Any], Any]
 
 
 def default_engine_factory(settings: Any, artifact: Any) -> Any:
-    from ninfer.engine.engine import Engine
+    from ninfer.bootstrap import build_engine
 
-    return Engine.from_settings(settings, artifact)
+    return build_engine(settings, artifact)
 
 
 class ServiceRuntime:

@@ -233,16 +233,16 @@ def engine_alone(argv: list[str], words: int, output_tokens: int, smoke: bool) -
     """The same artifact and settings through the engine, no HTTP: batch 1 and 8 tok/s (first
     submission to last token, as the clients measure), and the TTFT of 8 prompts arriving together."""
     from ninfer.artifact import open_artifact
+    from ninfer.bootstrap import build_engine
     from ninfer.config.loader import load_settings
     from ninfer.engine.api import GenerationRequest, SamplingParams
-    from ninfer.engine.engine import Engine
     from ninfer.service.cli import translate
     from ninfer.text.tokenizer import Tokenizer
 
     settings = load_settings(translate(argv))
     artifact = open_artifact(argv[0])
     tok = Tokenizer.from_file(artifact.tokenizer_path)
-    engine = Engine.from_settings(settings, artifact).start()
+    engine = build_engine(settings, artifact).start()
     engine.wait_prepared()
     seed = [50_000]
 

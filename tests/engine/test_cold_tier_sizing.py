@@ -51,8 +51,8 @@ def test_auto_capacity_plans_for_the_mtp_pool(monkeypatch) -> None:
 def test_settings_reach_the_engine_config() -> None:
     from types import SimpleNamespace
 
+    from ninfer.bootstrap import engine_config
     from ninfer.config.loader import load_settings
-    from ninfer.engine.compose import engine_config
 
     artifact = SimpleNamespace(model_id="demo", family="qwen3_5")
     argv = ["cold_tier.device=2", "cold_tier.capacity_mib=300", "cold_tier.staging_mib=8"]

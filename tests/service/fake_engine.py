@@ -11,8 +11,8 @@ import threading
 import time
 from typing import Any
 
+from ninfer.bootstrap import engine_config
 from ninfer.engine.api import GenerationRequest, QueueTimeout, RequestStats, StepOutput
-from ninfer.engine.compose import engine_config
 from ninfer.engine.counters import Counters
 from ninfer.engine.handle import RequestHandle
 from ninfer.engine.stops import StopChecker

@@ -17,10 +17,10 @@ from safetensors.torch import save_file
 from ninfer.artifact import open_artifact
 from ninfer.artifact.cli import main as artifact_cli
 from ninfer.artifact.convert import convert
+from ninfer.bootstrap import load_spec_weights
 from ninfer.config import ConfigError
 from ninfer.config.loader import load_settings
 from ninfer.engine.api import EngineConfigError
-from ninfer.engine.spec.load import load_spec_weights
 from ninfer.model.weights import load_model
 from tests.engine.tiny import tiny_model
 from tests.spec.helpers import engine, prompt, request, run_batch

@@ -13,8 +13,8 @@ from PIL import Image
 
 from ninfer.artifact.convert import convert
 from ninfer.artifact.reader import open_artifact
+from ninfer.bootstrap import vision_tower
 from ninfer.engine.api import GenerationRequest, SamplingParams
-from ninfer.engine.compose import vision_tower
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.multimodal import MultimodalPrompt

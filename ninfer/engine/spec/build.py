@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ninfer.config.groups import DFLASH_MAX_DRAFT, MTP_MAX_DRAFT
 from ninfer.engine.api import EngineConfigError
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.graphs import CaptureBackend, CudaCapture
@@ -15,9 +16,6 @@ from ninfer.engine.spec.mtp import MTPDrafter
 from ninfer.engine.spec.oracle import OracleDrafter
 from ninfer.model.cache import KVPool, StatePool
 from ninfer.model.config import MOE
-
-MTP_MAX_DRAFT = 5
-DFLASH_MAX_DRAFT = 15  # block of 16: the anchor + 15 masks
 
 
 def check_spec(config: EngineConfig, model: torch.nn.Module, draft_head: DraftHead | None) -> None:

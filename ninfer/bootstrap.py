@@ -1,0 +1,173 @@
+"""The composition root: `Settings` + an opened artifact -> a built `Engine`.
+
+The only module that joins the artifact (weights, tokenizer, components) with the engine; the
+service, the benchmarks and scripts build engines here, and the engine receives built parts (the
+model, its narrow `EngineConfig`, a detokenizer factory, the speculative heads, the vision tower
+and the grammar compiler). Without it the engine would import `artifact` and `text`, against the
+layer rule of docs/structure.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ninfer.artifact.registry import sampler_preset
+from ninfer.config import Settings
+from ninfer.config.groups import DEFAULT_DRAFT_TOKENS, ColdTierSettings, SpecSettings
+from ninfer.engine.api import EngineConfigError
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.engine import Engine
+from ninfer.engine.grammar import Grammars
+from ninfer.engine.sampler import SamplingOverrides
+from ninfer.engine.spec.draft_head import DraftHead
+from ninfer.engine.stops import Detokenizer
+from ninfer.kernels.dispatch import get_ops
+from ninfer.model.weights import load_model
+from ninfer.text.detok import IncrementalDetokenizer
+from ninfer.text.tokenizer import Tokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def build_engine(settings: Settings, artifact: Any) -> Engine:
+    """Load the artifact's text model (and what --spec and --vision need) and build the engine."""
+    model, config, detok, draft_head = engine_parts(settings, artifact)
+    grammars = Grammars(artifact.tokenizer_path, model.config.vocab_size, set(model.config.eos_token_ids))
+    vision = vision_tower(artifact, config) if settings.vision.enabled else None
+    return Engine(model, config, detok, draft_head, vision, grammars=grammars)
+
+
+def engine_config(
+    settings: Settings, artifact: Any, device: str, dtype: str, vocab_limit: int | None = None
+) -> EngineConfig:
+    """Map the `engine`, `kv`, `sampling`, `spec` and `cold_tier` settings groups onto `EngineConfig`."""
+    es, ss = settings.engine, settings.sampling
+    return EngineConfig(
+        max_concurrency=es.max_concurrency,
+        max_pending=es.max_pending_requests,
+        pending_timeout_ms=es.pending_timeout_ms,
+        prefill_chunk=es.prefill_chunk,
+        max_context=es.max_context,
+        kv_capacity=settings.kv.capacity,
+        no_prefix_reuse=es.no_prefix_reuse,
+        no_cuda_graph=es.no_cuda_graph,
+        default_max_tokens=es.default_max_tokens,
+        device=device,
+        dtype=dtype,
+        sampling=SamplingOverrides(
+            temperature=ss.temperature,
+            top_p=ss.top_p,
+            top_k=ss.top_k,
+            min_p=ss.min_p,
+            presence_penalty=ss.presence_penalty,
+            frequency_penalty=ss.frequency_penalty,
+            seed=ss.seed,
+            greedy=ss.greedy,
+        ),
+        thinking_preset=sampler_preset(artifact.model_id, artifact.family, True),
+        non_thinking_preset=sampler_preset(artifact.model_id, artifact.family, False),
+        vocab_limit=vocab_limit,
+        # "bf16" is the contract's default and means the model's own dtype (fp32 on a CPU run)
+        kv_dtype="int8" if settings.kv.dtype == "int8" else None,
+        **spec_fields(settings.spec),
+        **cold_tier_fields(settings.cold_tier),
+    )
+
+
+def spec_fields(spec: SpecSettings) -> dict[str, Any]:
+    """`SpecSettings` -> the EngineConfig speculative fields."""
+    if spec.method is None:
+        return {}
+    k = spec.draft_tokens if spec.draft_tokens is not None else DEFAULT_DRAFT_TOKENS
+    return {"spec_method": spec.method, "draft_tokens": k, "lm_head_draft": spec.lm_head_draft}
+
+
+def cold_tier_fields(ct: ColdTierSettings) -> dict[str, Any]:
+    """The `cold_tier` settings group as `EngineConfig` fields."""
+    return {
+        "cold_tier": ct.enabled,
+        "cold_tier_device": ct.device,
+        "cold_tier_capacity_mib": ct.capacity_mib,
+        "cold_tier_staging_mib": ct.staging_mib,
+    }
+
+
+def engine_parts(
+    settings: Settings, artifact: Any
+) -> tuple[Any, EngineConfig, Callable[[], Detokenizer], DraftHead | None]:
+    """Load the text model (plus, with --spec mtp, the MTP head and optional proposal head) on the
+    configured device and dtype; build the config and detokenizer."""
+    es = settings.engine
+    device = es.torch_device(torch.cuda.is_available())
+    dtype = es.torch_dtype(device != "cpu")
+    backend = None if es.kernel_backend == "auto" else es.kernel_backend
+    ops = get_ops(torch.device(device).type, backend)
+    # straight to the device: one tensor at a time from the file map (synthetic weights are drawn there)
+    tensors = artifact.load_tensors("text", device=device)
+    model = load_model(artifact.config, tensors, _DTYPES[dtype], device, ops=ops)
+    del tensors
+    draft_head = load_spec_weights(settings.spec, artifact, model, _DTYPES[dtype], device)
+    tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
+    config = engine_config(settings, artifact, device, dtype, vocab_limit=tokenizer.vocab_size)
+    return model, config, lambda: IncrementalDetokenizer(tokenizer), draft_head
+
+
+def load_spec_weights(
+    spec: SpecSettings, artifact: Any, model: Any, dtype: torch.dtype, device: str | torch.device
+) -> DraftHead | None:
+    """Attach the MTP head (spec.method == "mtp", and the proposal head if asked) or the DFlash drafter
+    (spec.method == "dflash") to `model`; nothing without --spec (residency is frozen at startup)."""
+    if spec.method is None:
+        return None
+    if spec.method == "dflash":
+        load_dflash_drafter(artifact, model, dtype, device)
+        if spec.lm_head_draft:
+            raise EngineConfigError("spec.lm_head_draft applies to spec mtp only, not dflash")
+        return None
+    from ninfer.model.weights import load_mtp
+
+    if not artifact.has_component("mtp"):
+        raise EngineConfigError("spec.method=mtp: this artifact carries no MTP head")
+    load_mtp(artifact.config, artifact.load_tensors("mtp", device=device), model, dtype, device)
+    if not spec.lm_head_draft:
+        return None
+    if not artifact.has_component("lm_head_draft"):
+        raise EngineConfigError(
+            "spec.lm_head_draft: this artifact has no 'lm_head_draft' component "
+            "(add one with `python -m ninfer.artifact lm-head-draft`)"
+        )
+    cfg = artifact.config
+    return DraftHead.from_tensors(
+        artifact.load_tensors("lm_head_draft"), cfg.vocab_size, cfg.hidden_size, dtype, device
+    )
+
+
+def load_dflash_drafter(artifact: Any, model: Any, dtype: torch.dtype, device: str | torch.device) -> None:
+    """Attach the artifact's `dflash` component to `model` as `model.dflash`."""
+    from ninfer.artifact.dflash import COMPONENT, read_dflash_config
+    from ninfer.model.dflash import load_dflash
+
+    if not artifact.has_component(COMPONENT):
+        raise EngineConfigError(
+            "spec.method=dflash: this artifact carries no DFlash drafter "
+            "(add one with `python -m ninfer.artifact add-dflash ARTIFACT DRAFTER_HF_DIR`)"
+        )
+    try:
+        cfg = read_dflash_config(artifact.path)
+        model.dflash = load_dflash(cfg, artifact.load_tensors(COMPONENT), dtype, device)
+    except ValueError as exc:
+        raise EngineConfigError(f"spec.method=dflash: {exc}") from None
+
+
+def vision_tower(artifact: Any, config: EngineConfig) -> torch.nn.Module:
+    """The artifact's `vision` component as a tower on the engine's device and dtype (--vision only)."""
+    from ninfer.model.vision import VisionConfig, load_vision_tower
+
+    vision_cfg = artifact.config.vision
+    if vision_cfg is None or not artifact.has_component("vision"):
+        raise ValueError(f"{artifact.path}: vision is enabled but the artifact carries no vision tower")
+    tensors = artifact.load_tensors("vision")
+    return load_vision_tower(VisionConfig.from_hf(vision_cfg), tensors, _DTYPES[config.dtype], config.device)

@@ -1,0 +1,69 @@
+"""The layer rule of docs/structure.md, checked against every `ninfer.*` import in the package
+(module level and inside functions alike): a package imports only what its table row allows."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "ninfer"
+ROW = re.compile(r"^\| `(\w+)` \| (.*) \|$")
+ONLY_MODEL_CONFIG = {"config"}  # rows whose `model` import is limited to ninfer.model.config
+
+
+def allowed() -> dict[str, set[str]]:
+    text = (ROOT / "docs" / "structure.md").read_text()
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        m = ROW.match(line.strip())
+        if m and m.group(1) != "package":
+            rows[m.group(1)] = set(re.findall(r"`(\w+)`", m.group(2).split("(")[0]))
+    return rows
+
+
+def imports() -> list[tuple[str, str, str]]:
+    """(importing package, imported ninfer module, file) for every absolute ninfer import."""
+    out = []
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).parts
+        src = parts[0] if len(parts) > 1 else parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            out += [(src, n, str(path.relative_to(ROOT))) for n in names if n.startswith("ninfer.")]
+    return out
+
+
+def test_the_table_names_every_package() -> None:
+    rows = allowed()
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    modules = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    assert set(rows) == packages | modules
+
+
+def test_every_import_follows_the_layer_rule() -> None:
+    rows = allowed()
+    bad = []
+    for src, module, path in imports():
+        dst = module.split(".")[1]
+        if src == "__init__" or dst == src:
+            continue
+        ok = dst in rows[src]
+        if ok and dst == "model" and src in ONLY_MODEL_CONFIG:
+            ok = module == "ninfer.model.config"
+        if not ok:
+            bad.append(f"{path}: {src} imports {module}")
+    assert bad == []
+
+
+def test_the_rule_can_fail() -> None:
+    rows = allowed()
+    assert "artifact" not in rows["engine"] and "api" not in rows["engine"]
+    assert rows["kernels"] == set()
