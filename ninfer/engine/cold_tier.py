@@ -31,10 +31,9 @@ from ninfer.engine.cold_tier_store import (
 )
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.multimodal import SpanKey
-from ninfer.engine.prefix_cache import ReuseMatch, match_lane
+from ninfer.engine.reuse import ReuseMatch, match_lane
 from ninfer.engine.slots import Lane
-from ninfer.engine.spec.dflash import DFlashEngineDrafter
-from ninfer.engine.spec.mtp import MTPDrafter, Pending
+from ninfer.engine.spec.mtp import Pending
 from ninfer.model.cache import KVPool, StatePool
 
 log = logging.getLogger("ninfer.engine.cold_tier")
@@ -241,8 +240,5 @@ def lane_pools(kv: KVPool, states: StatePool, spec: Any) -> LanePools:
     """The pools a lane image covers: the trunk's, plus the drafter's KV on the same page ids (MTP
     also carries its pending rows; a DFlash context entry depends only on its own token)."""
     drafter = getattr(spec, "drafter", None) if spec is not None else None
-    if isinstance(drafter, MTPDrafter):
-        return LanePools([kv, drafter.kv], states, drafter)
-    if isinstance(drafter, DFlashEngineDrafter):
-        return LanePools([kv, drafter.kv], states, None)
-    return LanePools([kv], states, None)
+    extra, pending = drafter.lane_state() if drafter is not None else ([], None)
+    return LanePools([kv, *extra], states, pending)

@@ -102,12 +102,14 @@ class Engine:
         )
         self.states = StatePool.for_config(self.text_config, self.layout.num_slots, self.dtype, self.device)
         self.allocator = PageAllocator(self.ledger.num_pages)
-        self.cache = PrefixCache(make_lanes(self.layout), self.allocator, enabled=not config.no_prefix_reuse)
-        self.scheduler = Scheduler(self.cache, config.max_concurrency, config.prefill_chunk)
         max_pages = pages_for(config.max_context)
         self.spec = build_spec(config, model, self.kv, self.states, self.layout, max_pages, draft_head)
         pools = lane_pools(self.kv, self.states, self.spec)  # cold tier: None without a secondary device
-        self.cold_tier = self.cache.tier = build_cold_tier(config, pools, self.device, cold_store)
+        self.cold_tier = build_cold_tier(config, pools, self.device, cold_store)
+        self.cache = PrefixCache(
+            make_lanes(self.layout), self.allocator, not config.no_prefix_reuse, self.cold_tier
+        )
+        self.scheduler = Scheduler(self.cache, config.max_concurrency, config.prefill_chunk)
         self.runner = Runner(
             model,
             self.kv,

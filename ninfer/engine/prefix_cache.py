@@ -24,29 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ninfer.engine.api import ReusePath
-from ninfer.engine.multimodal import SpanKey, media_prefix_limit
+from ninfer.engine.multimodal import SpanKey
 from ninfer.engine.pages import PageAllocator, pages_for
 from ninfer.engine.plan import SlotOp
-from ninfer.engine.slots import RESPONSE, TURN, Lane
-
-if TYPE_CHECKING:
-    from ninfer.engine.cold_tier import ColdTier
-
-_RESTORE_PATH: dict[str, ReusePath] = {
-    TURN: "restore_turn_checkpoint",
-    RESPONSE: "restore_response_checkpoint",
-}
-
-
-@dataclass(frozen=True)
-class ReuseMatch:
-    lane: Lane
-    cached: int  # prompt tokens reused
-    path: ReusePath
-    restore: str | None  # checkpoint kind restored, None for append_frontier
+from ninfer.engine.reuse import ReuseMatch, Tier, match_lane
+from ninfer.engine.slots import Lane
 
 
 @dataclass
@@ -60,45 +44,16 @@ class Admission:
     evicted: int = 0  # residents dropped to make room
 
 
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if list(a[lo:mid]) == list(b[lo:mid]):
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def match_lane(lane: Lane, prompt: Sequence[int], media: Sequence[SpanKey] = ()) -> ReuseMatch | None:
-    """The best resume point of `prompt` (with the span keys of its media) on one resident lane, or None."""
-    if lane.computed == 0:
-        return None
-    n = _lcp(lane.tokens[: lane.computed], prompt[: lane.computed])
-    if lane.media or media:  # a changed earlier image / video ends the reusable prefix at its span
-        n = media_prefix_limit(lane.media, media, n)
-    best: ReuseMatch | None = None
-    if n == lane.computed and len(prompt) > n:
-        best = ReuseMatch(lane, n, "append_frontier", None)
-    for kind, pos in lane.checkpoints.items():
-        if 0 < pos <= n and pos < len(prompt) and (best is None or pos > best.cached):
-            best = ReuseMatch(lane, pos, _RESTORE_PATH[kind], kind)
-    return best
-
-
 class PrefixCache:
     """Owns the lanes and the page allocator; decides where an admitted request runs."""
 
-    def __init__(self, lanes: list[Lane], allocator: PageAllocator, enabled: bool) -> None:
+    def __init__(
+        self, lanes: list[Lane], allocator: PageAllocator, enabled: bool, tier: Tier | None = None
+    ) -> None:
         self.lanes = lanes
         self.allocator = allocator
         self.enabled = enabled
-        self.tier: ColdTier | None = None  # set by the engine when a cold tier is active
+        self.tier = tier  # the cold tier, when one is active
         self._tick = 0
 
     # ----- queries -----

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -41,6 +41,11 @@ class Drafter(Protocol):
     """What the decoder needs of a draft source (MTP or the oracle)."""
 
     name: str
+
+    def lane_state(self) -> tuple[list[Any], Any]:
+        """(KV pools on the lane's page ids, the per-slot pending holder or None) that a cold-tier
+        image of a lane carries besides the trunk's pools."""
+        ...
 
     def slot_op(self, op: SlotOp) -> None: ...
 

@@ -79,6 +79,10 @@ class DFlashEngineDrafter:
         raise RuntimeError("DFlash drafter: the hidden rows handed over come from no recent trunk forward")
 
     # ----- context K/V -----
+    def lane_state(self) -> tuple[list[KVPool], None]:
+        """The drafter's context KV on the lane's page ids (an entry depends only on its own token)."""
+        return [self.kv], None
+
     def slot_op(self, op: SlotOp) -> None:
         """Nothing per slot: context entries live on the request's KV pages."""
 

@@ -125,6 +125,11 @@ class MTPDrafter:
         return self.graph_stats
 
     # ----- state mirroring -----
+    def lane_state(self) -> tuple[list[KVPool], MTPDrafter | None]:
+        """What a parked lane image carries besides the trunk: the MTP KV on the lane's page ids and
+        the pending rows per slot (this drafter)."""
+        return [self.kv], self
+
     def slot_op(self, op: SlotOp) -> None:
         self.pending[op.dst] = EMPTY if op.src is None else self.pending[op.src]
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -52,6 +53,10 @@ class OracleDrafter:
     def bind(self, forward: Callable[[StepRows], StepOut]) -> None:
         """The runner's target forward: (B, k+1) forwards replay its verify graphs when captured."""
         self._forward = forward
+
+    def lane_state(self) -> tuple[list[Any], None]:
+        """Nothing per lane: the oracle drafts from the target itself."""
+        return [], None
 
     def slot_op(self, op: SlotOp) -> None:
         """Keeps no per-slot state."""

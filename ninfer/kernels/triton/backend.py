@@ -30,8 +30,8 @@ from collections.abc import Callable
 import torch
 
 from ninfer.kernels import conv_ref, gdn_ref, moe_ref
-from ninfer.kernels.dispatch import Ops
 from ninfer.kernels.moe_grouped import moe_experts_grouped
+from ninfer.kernels.ops import Ops
 from ninfer.kernels.triton import gemv, moe, prefill_attention
 from ninfer.kernels.triton import library as lib
 from ninfer.kernels.triton.gdn_decode import recurrent_gated_delta_rule as triton_recurrent
