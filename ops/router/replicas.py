@@ -48,6 +48,7 @@ MODEL = "ninfer-demo"
 HOST = "127.0.0.1"
 NO_THINK = {"enable_thinking": False}
 ROUTER = os.environ.get("NINFER_ROUTER_MODULE", "vllm_router")  # or sglang_router
+SESSION_HEADER = "x-session-id"  # the router's consistent_hash policy routes on it
 
 
 def free_port() -> int:
@@ -126,7 +127,8 @@ def start_router(
             "--balance-rel-threshold",
             "4.0",
         ]
-    return Proc("router", f"http://{HOST}:{port}", _spawn("router", argv, workdir), workdir / "router.log")
+    name = f"router-{policy}"
+    return Proc(name, f"http://{HOST}:{port}", _spawn(name, argv, workdir), workdir / f"{name}.log")
 
 
 def wait_ready(proc: Proc, path: str, timeout_s: float) -> None:
@@ -203,9 +205,15 @@ def placement(tally: Tally, workers: list[Proc]) -> Placement:
     return out
 
 
-def _chat_turn(router: str, messages: list[dict], max_tokens: int, rid: str) -> tuple[str, int]:
+def _headers(rid: str, session: str) -> dict[str, str]:
+    """Every request names itself (x-request-id, in the replica's request log) and its
+    conversation (x-session-id: what the router's consistent_hash policy hashes)."""
+    return {"x-request-id": rid, SESSION_HEADER: session}
+
+
+def _chat_turn(router: str, messages: list[dict], max_tokens: int, rid: str, session: str) -> tuple[str, int]:
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **NO_THINK}
-    r = requests.post(f"{router}/v1/chat/completions", json=body, timeout=120, headers={"x-request-id": rid})
+    r = requests.post(f"{router}/v1/chat/completions", json=body, timeout=120, headers=_headers(rid, session))
     if r.status_code != 200:
         raise RuntimeError(f"chat {r.status_code}: {r.text[:200]}")
     out = r.json()
@@ -213,10 +221,12 @@ def _chat_turn(router: str, messages: list[dict], max_tokens: int, rid: str) -> 
     return out["choices"][0]["message"]["content"] or "", int(cached)
 
 
-def _messages_turn(router: str, messages: list[dict], max_tokens: int, rid: str) -> tuple[str, int]:
+def _messages_turn(
+    router: str, messages: list[dict], max_tokens: int, rid: str, session: str
+) -> tuple[str, int]:
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "thinking": {"type": "disabled"}}  # fmt: skip
-    headers = {"anthropic-version": "2023-06-01", "x-request-id": rid}
+    headers = {"anthropic-version": "2023-06-01", **_headers(rid, session)}
     r = requests.post(f"{router}/v1/messages", json=body, timeout=120, headers=headers)
     if r.status_code != 200:
         raise RuntimeError(f"messages {r.status_code}: {r.text[:200]}")
@@ -225,16 +235,19 @@ def _messages_turn(router: str, messages: list[dict], max_tokens: int, rid: str)
     return text, int(out["usage"].get("cache_read_input_tokens") or 0)
 
 
-def _responses_pair(router: str, seed: int, max_tokens: int) -> bool:
+def _responses_pair(router: str, seed: int, max_tokens: int, session: str | None = None) -> bool:
+    """A stored Response and its continuation by `previous_response_id`: True when the
+    continuation found it (the router sent it to the replica that stored it)."""
     max_tokens = max(16, max_tokens)  # the Responses minimum
     body = {"model": MODEL, "input": f"Note {seed}: remember the word kiwi.", "max_output_tokens": max_tokens,
             "temperature": 0, "store": True}  # fmt: skip
-    first = requests.post(f"{router}/v1/responses", json=body, timeout=120)
+    headers = {SESSION_HEADER: session} if session else {}
+    first = requests.post(f"{router}/v1/responses", json=body, timeout=120, headers=headers)
     if first.status_code != 200:
         raise RuntimeError(f"responses {first.status_code}: {first.text[:200]}")
     follow = {"model": MODEL, "input": "Which word?", "previous_response_id": first.json()["id"],
               "max_output_tokens": max_tokens, "temperature": 0}  # fmt: skip
-    second = requests.post(f"{router}/v1/responses", json=follow, timeout=120)
+    second = requests.post(f"{router}/v1/responses", json=follow, timeout=120, headers=headers)
     return second.status_code == 200
 
 
@@ -251,7 +264,7 @@ def conversation(router: str, index: int, turns: int, max_tokens: int, responses
     try:
         for turn in range(turns):
             ids.append(f"conversation-{index}-turn-{turn}")
-            reply, cached = turn_fn(router, messages, max_tokens, ids[-1])
+            reply, cached = turn_fn(router, messages, max_tokens, ids[-1], f"conversation-{index}")
             if turn > 0:
                 tally.later_turns += 1
                 tally.reused_turns += int(cached > 0)
@@ -261,7 +274,7 @@ def conversation(router: str, index: int, turns: int, max_tokens: int, responses
             ]
         if responses:
             tally.responses_total += 1
-            tally.responses_ok += int(_responses_pair(router, index, max_tokens))
+            tally.responses_ok += int(_responses_pair(router, index, max_tokens, f"conversation-{index}"))
     except (requests.RequestException, RuntimeError, KeyError, ValueError) as exc:
         tally.failures.append(f"conversation {index}: {exc}")
     return tally
@@ -286,20 +299,29 @@ def drive(
 
 @contextmanager
 def cluster(
-    replicas: int, workdir: Path, cache: Path | None, timeout_s: float = 300.0
+    replicas: int, workdir: Path, cache: Path | None, policy: str = "cache_aware", timeout_s: float = 300.0
 ) -> Iterator[tuple[Proc, list[Proc]]]:
     """Replicas and the router, up and ready; everything stopped on exit."""
     workers = [start_replica(i, workdir, cache) for i in range(replicas)]
-    router: Proc | None = None
     try:
         for w in workers:
             wait_ready(w, "/health", timeout_s)
-        router = start_router([w.url for w in workers], workdir)
-        wait_ready(router, "/health", 60.0)
-        yield router, workers
+        with router_over(workers, workdir, policy) as router:
+            yield router, workers
     finally:
-        for p in [*([router] if router else []), *workers]:
-            p.stop()
+        for w in workers:
+            w.stop()
+
+
+@contextmanager
+def router_over(workers: list[Proc], workdir: Path, policy: str) -> Iterator[Proc]:
+    """One more router (its own policy) in front of running replicas; stopped on exit."""
+    router = start_router([w.url for w in workers], workdir, policy)
+    try:
+        wait_ready(router, "/health", 60.0)
+        yield router
+    finally:
+        router.stop()
 
 
 def spread(counts: list[float]) -> float:
@@ -311,8 +333,10 @@ def spread(counts: list[float]) -> float:
 def run(args: argparse.Namespace) -> dict:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    report: dict = {"replicas": args.replicas, "conversations": args.conversations, "turns": args.turns}
-    with cluster(args.replicas, workdir, Path(args.cache) if args.cache else None) as (router, workers):
+    report: dict = {"replicas": args.replicas, "conversations": args.conversations, "turns": args.turns,
+                    "policy": args.policy}  # fmt: skip
+    cache = Path(args.cache) if args.cache else None
+    with cluster(args.replicas, workdir, cache, args.policy) as (router, workers):
         t0 = time.monotonic()
         base = [served(w.url) for w in workers]
         main = drive(router.url, 0, args.conversations, args.turns, args.max_tokens, args.clients, True)
@@ -366,6 +390,12 @@ def checks(report: dict, min_reuse: float, max_spread: float) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument(
+        "--policy",
+        default="cache_aware",
+        choices=["cache_aware", "consistent_hash"],
+        help="cache_aware: prefix tree of request text; consistent_hash: hashes x-session-id",
+    )
     ap.add_argument("--conversations", type=int, default=60)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=3)

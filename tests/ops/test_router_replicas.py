@@ -1,8 +1,15 @@
-"""3 demo replicas on the CPU behind vllm-router (`cache_aware`), through ops/router/replicas.py,
-kept small for the suite (the full 60-conversation run is the ops script's): later Chat turns
-that the router keeps on their conversation's replica (seen in the replicas' request logs by
-x-request-id) keep their prefix reuse, most later turns on Chat and Messages reuse, a Responses continuation finds its stored response, load
-reaches every replica, and after one replica gets SIGTERM every request succeeds on the others."""
+"""3 demo replicas on the CPU behind vllm-router, through ops/router/replicas.py, kept small for
+the suite (the full 60-conversation run is the ops script's).
+
+- `cache_aware` (prefix tree of request text): later Chat turns that the router keeps on their
+  conversation's replica (seen in the replicas' request logs by x-request-id) reuse their prefix,
+  most later turns on Chat and Messages reuse, a Responses continuation finds its stored
+  response, and load reaches every replica.
+- `consistent_hash` on `x-session-id` (a second router over the same replicas): every
+  conversation stays on one replica, so every later turn reuses its prefix and every
+  continuation by `previous_response_id` finds its response.
+- After one replica gets SIGTERM, every request succeeds on the others.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +41,15 @@ def test_replicas_behind_vllm_router(tmp_path: Path) -> None:
         assert rr._responses_pair(router.url, 1, 16)
         per = [rr.served(w.url) - b for w, b in zip(workers, base, strict=True)]
         assert sum(per) == 14 and min(per) > 0, per  # every replica served
+
+        # the router's own session rule: consistent_hash on x-session-id keeps every turn of a
+        # conversation, and its Responses continuation, on one replica
+        with rr.router_over(workers, tmp_path, "consistent_hash") as sticky:
+            hashed = rr.drive(sticky.url, 200, 4, 2, 2, 2, responses=True)
+        assert hashed.failures == [] and hashed.responses_ok == hashed.responses_total == 4
+        placed = rr.placement(hashed, workers)
+        assert placed.moved == 0 and placed.lost == [] and placed.kept == 2, placed  # Chat: 200, 202
+        assert hashed.reused_turns == hashed.later_turns == 4
 
         victim = workers[-1]
         victim.proc.send_signal(signal.SIGTERM)
