@@ -22,7 +22,7 @@ from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.grammar import Grammars
 from ninfer.engine.sampler import SamplingOverrides
-from ninfer.engine.spec.draft_head import DraftHead
+from ninfer.engine.speculative.draft_head import DraftHead
 from ninfer.engine.stops import Detokenizer
 from ninfer.kernels.dispatch import get_ops
 from ninfer.model.weights import load_model

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ninfer.api.errors import ApiError, internal, invalid, unsupported
+from ninfer.api.errors import ApiError, internal, invalid
 from ninfer.api.events import Event, Finished, GenerationJob, LogprobsDelta, Usage
 from ninfer.api.ports import EnginePort, Handle, Observer, OutputDecoder, Prepared, PromptPort, Ticket
 from ninfer.engine.api import (
@@ -127,18 +127,13 @@ class Pipeline:
         try:
             self.prompts.check_options(job.controls)  # a 400 of its own, not a 429 under load
             if job.constraint is not None:  # compiled (cached) before admission: a bad schema is a 400
-                check = getattr(self.engine, "check_constraint", None)
-                if check is None:
-                    raise unsupported(job.constraint.param, "constrained output is not available")
-                check(job.constraint)
+                self.engine.check_constraint(job.constraint)
             ticket = self.engine.reserve()
             # media preparation shares the request's admission deadline
             if job.raw_prompt is not None:  # legacy completions: no template, plain text out
                 prepared = Prepared(job.raw_prompt, thinking=False, preserve_thinking=False, effort=None)
             else:
-                prepared = self.prompts.prepare(
-                    job.conversation, job.controls, tools, getattr(ticket, "deadline", None)
-                )
+                prepared = self.prompts.prepare(job.conversation, job.controls, tools, ticket.deadline)
             room = self.config.max_context - len(prepared.token_ids)
             if room <= 0:
                 raise context_error(len(prepared.token_ids), self.config.max_context)

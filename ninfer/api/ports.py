@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from ninfer.api.errors import ApiError
 from ninfer.api.events import Event, GenerationJob
-from ninfer.engine.api import GenerationRequest, RequestStats, StepOutput
+from ninfer.engine.api import ConstraintSpec, GenerationRequest, RequestStats, StepOutput
 from ninfer.frontend.options import RequestOptions
 from ninfer.frontend.parser import ParseResult
 
@@ -79,10 +79,20 @@ class Handle(Protocol):
 
 
 class Ticket(Protocol):
+    """A lifetime reservation (`ninfer.engine.tickets.Ticket`)."""
+
+    deadline: float  # monotonic time by which the request must be admitted (media prep shares it)
+
     def release(self) -> None: ...
 
 
 class EnginePort(Protocol):
+    """What the pipeline needs of the engine."""
+
+    def check_constraint(self, spec: ConstraintSpec) -> None:
+        """Compile (and cache) a request's grammar before admission; raises `GrammarError`."""
+        ...
+
     def reserve(self) -> Ticket: ...
 
     def submit(self, ticket: Ticket, request: GenerationRequest) -> Handle: ...

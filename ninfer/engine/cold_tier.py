@@ -33,7 +33,7 @@ from ninfer.engine.config import EngineConfig
 from ninfer.engine.multimodal import SpanKey
 from ninfer.engine.reuse import ReuseMatch, match_lane
 from ninfer.engine.slots import Lane
-from ninfer.engine.spec.mtp import Pending
+from ninfer.engine.speculative.mtp import Pending
 from ninfer.model.cache import KVPool, StatePool
 
 log = logging.getLogger("ninfer.engine.cold_tier")

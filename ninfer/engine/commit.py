@@ -8,7 +8,7 @@ from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.plan import DecodePlan, PrefillPlan, StepResult
 from ninfer.engine.retire import Retirer
 from ninfer.engine.scheduler import DECODE, Scheduler, Seq
-from ninfer.engine.spec import counters as spec_counters
+from ninfer.engine.speculative import counters as spec_counters
 
 
 class Committer:

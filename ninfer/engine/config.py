@@ -57,7 +57,7 @@ class EngineConfig:
     lm_head_draft: bool = False  # draft through the reduced-vocabulary proposal head
     # Benchmarking/testing aid, not a serving feature: when set, drafts are the target's own greedy
     # continuation (k extra target steps per round), each replaced by a wrong token with this
-    # probability; no MTP head is needed. See ninfer.engine.spec.oracle.
+    # probability; no MTP head is needed. See ninfer.engine.speculative.oracle.
     spec_oracle_wrong_fraction: float | None = None
     spec_oracle_seed: int = 0
     # Cross-GPU cold tier for evicted retained prefixes (inactive without a secondary CUDA device).

@@ -31,6 +31,8 @@ from ninfer.engine.cold_tier import build_cold_tier, lane_pools
 from ninfer.engine.commit import Committer
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.counters import Counters
+from ninfer.engine.grammar import GrammarError, Grammars
+from ninfer.engine.graphs import GraphStats
 from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.intake import prepare
 from ninfer.engine.multimodal import MediaEncoder
@@ -43,7 +45,7 @@ from ninfer.engine.sampler import RowSampler
 from ninfer.engine.scheduler import DECODE, Scheduler, Seq, Snapshot
 from ninfer.engine.sizing import SizingLedger, mtp_kv_layers, resolve_kv
 from ninfer.engine.slots import SlotLayout, make_lanes
-from ninfer.engine.spec.build import build_spec, check_spec, draft_slots
+from ninfer.engine.speculative.build import build_spec, check_spec, draft_slots
 from ninfer.engine.stops import Detokenizer, StopChecker
 from ninfer.engine.tickets import Ticket, TicketBook
 from ninfer.engine.warmup import WarmupReport, warm_prefill, warmup_chunks
@@ -52,8 +54,7 @@ from ninfer.model.cache import KVPool, StatePool, kv_storage_dtype
 
 if TYPE_CHECKING:
     from ninfer.engine.cold_tier_store import ColdTierStore
-    from ninfer.engine.grammar import Grammars
-    from ninfer.engine.spec.draft_head import DraftHead
+    from ninfer.engine.speculative.draft_head import DraftHead
 
 log = logging.getLogger("ninfer.engine")
 
@@ -175,9 +176,9 @@ class Engine:
 
     def check_constraint(self, spec: ConstraintSpec) -> None:
         """Compile (and cache) a request's grammar on the caller's thread, before admission;
-        raises `GrammarError` (or ValueError when this engine has no grammar support)."""
+        raises `GrammarError` (also when this engine was built without a grammar compiler)."""
         if self.grammars is None:
-            raise ValueError("constrained output needs an engine with a tokenizer")
+            raise GrammarError(spec.param, "constrained output is not available (no grammar compiler)")
         self.grammars.compiled(spec)
 
     def reserve(self) -> Ticket:
@@ -254,6 +255,14 @@ class Engine:
     def snapshot(self) -> Snapshot:
         """Scheduler occupancy as of the last step boundary."""
         return self._snapshot
+
+    def graph_stats(self) -> GraphStats | None:
+        """Captured CUDA graphs and what capture cost (None on the CPU or with graphs off)."""
+        return self.runner.graph_stats
+
+    def cold_tier_stats(self) -> dict[str, Any] | None:
+        """The cold tier's counters and arena occupancy (None when no tier is active)."""
+        return None if self.cold_tier is None else self.cold_tier.stats()
 
     def shutdown(self, drain_timeout_s: float = 30.0) -> None:
         """Stop accepting; let in-flight requests finish within the bound, then cancel the rest."""

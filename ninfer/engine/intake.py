@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 from ninfer.engine.api import ContextLengthExceeded, GenerationRequest, QueueTimeout, RequestStats
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.sampler import ResolvedSampling, TokenConstraint, resolve_sampling
-from ninfer.engine.spec import counters as spec_counters
+from ninfer.engine.speculative import counters as spec_counters
 from ninfer.engine.stops import Detokenizer
 from ninfer.engine.tickets import Ticket
 
 if TYPE_CHECKING:
     from ninfer.engine.grammar import Grammars
-    from ninfer.engine.spec.decoder import SpecDecoder
+    from ninfer.engine.speculative.decoder import SpecDecoder
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from ninfer.engine.sampler import RowSampler
 
 if TYPE_CHECKING:
     from ninfer.engine.multimodal import MultimodalPrompt
-    from ninfer.engine.spec.decoder import SpecRound
+    from ninfer.engine.speculative.decoder import SpecRound
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from ninfer.model.config import TextConfig
 
 if TYPE_CHECKING:
     from ninfer.engine.multimodal import MediaEncoder
-    from ninfer.engine.spec.decoder import SpecDecoder
+    from ninfer.engine.speculative.decoder import SpecDecoder
 
 
 SMALL_MOE_TOKENS, SMALL_MOE_ROWS = 64, 384  # the small-batch MoE kernels' limits (triton/moe.py)

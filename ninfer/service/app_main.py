@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from ninfer.config import Settings
 from ninfer.service import console
 from ninfer.service.options import ServiceOptions, from_settings
 from ninfer.service.request_log import RequestLog, RequestLogError, new_server_instance_id
 from ninfer.service.telemetry import TelemetryError, make_exporter
+
+if TYPE_CHECKING:
+    from ninfer.service.runtime import EngineFactory
 
 EXIT_STARTUP = 1
 EXIT_USAGE = 2  # settings the artifact cannot honour, an artifact that cannot be opened
@@ -21,7 +25,7 @@ def preflight(options: ServiceOptions) -> None:
     make_exporter(options.trace_exporter, options.otlp_endpoint)
 
 
-def check_artifact(settings: Any, options: ServiceOptions) -> None:
+def check_artifact(settings: Settings, options: ServiceOptions) -> None:
     """Open the artifact (manifest and headers; no weights are read) and refuse every setting it
     cannot honour, before the port is bound: the worker would otherwise fail after it."""
     from ninfer.artifact import ensure_demo_artifact, open_artifact
@@ -38,7 +42,7 @@ def check_artifact(settings: Any, options: ServiceOptions) -> None:
 
 
 def serve(
-    settings: Any, argv: Sequence[str] | None = None, engine_factory: Callable[..., Any] | None = None
+    settings: Settings, argv: Sequence[str] | None = None, engine_factory: EngineFactory | None = None
 ) -> None:
     """Serve until SIGTERM/SIGINT. Exits 2 with one line when the artifact cannot honour the
     settings, 1 when the log or exporter is unusable; a worker that fails before it is ready

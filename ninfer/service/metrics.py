@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ninfer.service.engine_view import EngineView
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Buckets as vLLM's (seconds), so dashboards' quantiles line up across servers.
@@ -56,7 +58,7 @@ class ServiceMetrics:
     """Owns one registry (never the process-global one). `observe_*` are called by the recorder;
     the scheduler gauges are read from `engine()` at each scrape (None while loading)."""
 
-    def __init__(self, model_name: Callable[[], str | None], engine: Callable[[], Any]) -> None:
+    def __init__(self, model_name: Callable[[], str | None], engine: Callable[[], EngineView | None]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._model_name = model_name
         self._engine = engine
@@ -135,7 +137,7 @@ class ServiceMetrics:
 class _SchedulerCollector(Collector):
     """Gauges from the engine's scheduler snapshot and cold tier, computed at each scrape."""
 
-    def __init__(self, label: Callable[[], str], engine: Callable[[], Any]) -> None:
+    def __init__(self, label: Callable[[], str], engine: Callable[[], EngineView | None]) -> None:
         self._label = label
         self._engine = engine
 
@@ -146,15 +148,14 @@ class _SchedulerCollector(Collector):
         label = self._label()
         engine = self._engine()
         snap = engine.snapshot() if engine is not None else None
-        running = int(getattr(snap, "running", 0))
-        waiting = int(getattr(snap, "waiting", 0))
-        total = int(getattr(snap, "total_pages", 0))
-        free = int(getattr(snap, "free_pages", 0))
-        retained = int(getattr(snap, "resident_pages", 0))
+        running = snap.running if snap is not None else 0
+        waiting = snap.waiting if snap is not None else 0
+        total = snap.total_pages if snap is not None else 0
+        free = snap.free_pages if snap is not None else 0
+        retained = snap.resident_pages if snap is not None else 0
         held = max(0, total - free - retained)  # pages of active requests
         usage = held / total if total else 0.0
-        tickets = getattr(engine, "tickets", None)
-        live = int(getattr(tickets, "live", 0)) if tickets is not None else 0
+        live = engine.tickets.live if engine is not None else 0
 
         def gauge(
             name: str, doc: str, value: float, extra: dict[str, str] | None = None
@@ -186,8 +187,7 @@ class _SchedulerCollector(Collector):
         yield gauge(
             "ninfer_ready", "1 once the engine is loaded and serving", 1.0 if engine is not None else 0.0
         )
-        tier = getattr(engine, "cold_tier", None)
-        stats = tier.stats() if tier is not None else {}
+        stats = (engine.cold_tier_stats() if engine is not None else None) or {}
         yield gauge("ninfer_cold_tier_active", "1 when the cross-GPU cold tier is on", 1.0 if stats else 0.0)
         for key in COLD_TIER_GAUGES:
             yield gauge(

@@ -13,7 +13,9 @@ from typing import Any
 from ninfer.api.context import ApiContext
 from ninfer.api.pipeline import Pipeline, PipelineConfig
 from ninfer.api.response_store import ResponseStore
+from ninfer.config import Settings
 from ninfer.service.console import logger
+from ninfer.service.engine_view import EngineView
 from ninfer.service.metrics import ServiceMetrics
 from ninfer.service.options import ServiceOptions
 from ninfer.service.recorder import Recorder
@@ -23,12 +25,11 @@ from ninfer.service.throughput import ThroughputReporter
 
 RELEASE_WAIT_S = 5.0  # after the engine drained: bound on waiting for responses to be released
 
-# (settings, artifact) -> a loaded engine with the surface of `ninfer.engine.engine.Engine`:
-# start(), reserve(), submit(), snapshot(), counters.take(), tickets.live, shutdown(drain_s)
-EngineFactory = Callable[[Any, Any], Any]
+# (settings, artifact) -> a loaded engine (`ninfer.bootstrap.build_engine`, or a test fake)
+EngineFactory = Callable[[Settings, Any], EngineView]
 
 
-def default_engine_factory(settings: Any, artifact: Any) -> Any:
+def default_engine_factory(settings: Settings, artifact: Any) -> EngineView:
     from ninfer.bootstrap import build_engine
 
     return build_engine(settings, artifact)
@@ -39,7 +40,7 @@ class ServiceRuntime:
 
     def __init__(
         self,
-        settings: Any,
+        settings: Settings,
         options: ServiceOptions,
         instance_id: str,
         argv: list[str],
@@ -62,7 +63,7 @@ class ServiceRuntime:
             options.trace_exporter, options.otlp_endpoint, options.service_name, instance_id
         )
         self.tracing.model_id = lambda: self.ctx.model_id
-        self.engine: Any = None
+        self.engine: EngineView | None = None
         self.metrics = ServiceMetrics(lambda: self.ctx.model_id, lambda: self.engine if self.ready else None)
         self.recorder = Recorder(self.log, self.tracing, self.metrics)
         self.ready = False
@@ -85,22 +86,24 @@ class ServiceRuntime:
 
     def health(self) -> tuple[int, dict[str, object]]:
         """503 `error` after a failed load or once the engine thread died (`engine.error`)."""
-        error = self.error or getattr(self.engine, "error", None)
+        error = self._error()
         if error is not None:
             return 503, {"status": "error", "message": error}
         if self.ctx.draining:
             return 503, {"status": "draining"}
-        if not self.ready:
+        if not self.ready or self.engine is None:
             return 503, {"status": "loading"}
-        late = getattr(self.engine, "late_compiles", None)
-        if late is None:
-            return 200, {"status": "ok"}
-        return 200, {"status": "ok", "late_compiles": late(), "late_kernels": self.engine.late_kernels()}
+        late = self.engine.late_compiles()
+        return 200, {"status": "ok", "late_compiles": late, "late_kernels": self.engine.late_kernels()}
+
+    def _error(self) -> str | None:
+        """Why the server cannot serve: a failed load, or the engine thread's death."""
+        return self.error or (self.engine.error if self.engine is not None else None)
 
     def liveness(self) -> tuple[int, dict[str, object]]:
         """200 while the process is alive, loading and draining included (a liveness probe must not
         kill a pod during a cold start); 503 once the load failed or the engine thread died."""
-        error = self.error or getattr(self.engine, "error", None)
+        error = self._error()
         if error is not None:
             return 503, {"status": "error", "message": error}
         state = "draining" if self.ctx.draining else "ok" if self.ready else "loading"
@@ -154,31 +157,31 @@ class ServiceRuntime:
 
             media = build_media_prompts(self.settings, artifact, tokenizer.encode)
         prompts = FrontendPrompts(artifact.chat_template, tokenizer, defaults, media)
-        self.engine = self.engine_factory(self.settings, artifact)  # loads the weights
-        self.engine.start()
-        if hasattr(self.engine, "wait_prepared"):  # readiness includes CUDA graph capture
-            self.engine.wait_prepared()
-        graphs = getattr(getattr(self.engine, "runner", None), "graph_stats", None)
+        engine = self.engine = self.engine_factory(self.settings, artifact)  # loads the weights
+        engine.start()
+        engine.wait_prepared()  # readiness includes warm-up and CUDA graph capture
+        graphs = engine.graph_stats()
         captured = graphs is not None and bool(graphs.batch_sizes)  # CPU or a failed capture: none
-        self.compile_report = cache.report(compile_s=graphs.capture_s if captured else None)
+        compile_report = cache.report(compile_s=graphs.capture_s if captured else None)
         config = PipelineConfig(self.options.max_context, self.options.default_max_tokens)
-        pipeline = Pipeline(self.engine, prompts, self.recorder, config, self.next_request_id)
+        pipeline = Pipeline(engine, prompts, self.recorder, config, self.next_request_id)
         self.ctx.model_id = self.options.model_id or artifact.model_id
-        self._server_start(path, artifact)
+        self._server_start(engine, path, artifact, compile_report)
         self.ctx.pipeline = pipeline
         media_bytes = media.preparer.cache if media is not None else None  # live / retained media bytes
         self.reporter = ThroughputReporter(
-            self.engine, self.log, self.options.log_stats_interval_ms, media_bytes, self.recorder.take_compat
+            engine, self.log, self.options.log_stats_interval_ms, media_bytes, self.recorder.take_compat
         )
         self.reporter.start()
         self.ready = True
         logger().info("ready: serving %s in %.3fs", self.ctx.model_id, time.monotonic() - t0)
 
-    def _server_start(self, path: str, artifact: Any) -> None:
+    def _server_start(
+        self, eng: EngineView, path: str, artifact: Any, compile_report: dict[str, object]
+    ) -> None:
         opts = self.options
-        eng = self.engine
         cfg = eng.config  # the engine's resolved EngineConfig
-        ledger = getattr(eng, "ledger", None)
+        ledger = eng.ledger
         self.log.emit(
             "server_start",
             pid=os.getpid(),
@@ -195,16 +198,16 @@ class ServiceRuntime:
                 "dtype": cfg.dtype,
                 "prefill_chunk": cfg.prefill_chunk,
                 "prefix_reuse": not cfg.no_prefix_reuse,
-                "kv_dtype": getattr(cfg, "kv_dtype", None) or cfg.dtype,
+                "kv_dtype": cfg.kv_dtype or cfg.dtype,
                 "kv_sizing": ledger.as_dict() if ledger is not None else None,
                 "speculative": {
-                    "method": getattr(cfg, "spec_method", None),
-                    "draft_tokens": getattr(cfg, "draft_tokens", None),
-                    "lm_head_draft": getattr(cfg, "lm_head_draft", False),
+                    "method": cfg.spec_method,
+                    "draft_tokens": cfg.draft_tokens,
+                    "lm_head_draft": cfg.lm_head_draft,
                 },
-                "cuda_graphs": _graph_stats(eng),
-                "cold_tier": _cold_tier_stats(eng),
-                "compile_cache": getattr(self, "compile_report", None),
+                "cuda_graphs": None if (graphs := eng.graph_stats()) is None else graphs.as_dict(),
+                "cold_tier": eng.cold_tier_stats(),
+                "compile_cache": compile_report,
                 "sampler_presets": {
                     "thinking": _plain(cfg.thinking_preset),
                     "non_thinking": _plain(cfg.non_thinking_preset),
@@ -212,7 +215,7 @@ class ServiceRuntime:
                 },
                 "snapshot": eng.snapshot(),
             },
-            settings=_settings_dump(self.settings),
+            settings=self.settings.redacted_dump(),
             thinking_defaults={
                 "thinking": opts.thinking_default,
                 "preserve_thinking": opts.preserve_thinking_default,
@@ -256,7 +259,7 @@ class ServiceRuntime:
                 return
             self._closed = True
             deadline = time.monotonic() + RELEASE_WAIT_S
-            tickets = getattr(self.engine, "tickets", None)
+            tickets = self.engine.tickets if self.engine is not None else None
             while tickets is not None and tickets.live and time.monotonic() < deadline:
                 time.sleep(0.01)
             if self.reporter is not None:
@@ -265,26 +268,5 @@ class ServiceRuntime:
             self.log.close()
 
 
-def _graph_stats(engine: Any) -> dict[str, Any] | None:
-    """Captured batch sizes, capture seconds and graph pool bytes (None on the CPU / when off)."""
-    stats = getattr(getattr(engine, "runner", None), "graph_stats", None)
-    return None if stats is None else stats.as_dict()
-
-
-def _cold_tier_stats(engine: Any) -> dict[str, Any] | None:
-    tier = getattr(engine, "cold_tier", None)
-    return None if tier is None else tier.stats()
-
-
 def _plain(mapping: Any) -> dict[str, Any] | None:
     return None if mapping is None else dict(mapping)
-
-
-def _settings_dump(settings: Any) -> Any:
-    if hasattr(settings, "model_dump"):
-        dump = settings.model_dump(mode="json")
-        server = dump.get("server")
-        if isinstance(server, dict) and server.get("api_key"):
-            server["api_key"] = "<redacted>"
-        return dump
-    return None

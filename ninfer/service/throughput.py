@@ -9,6 +9,7 @@ from dataclasses import asdict, is_dataclass
 from typing import Any, Protocol
 
 from ninfer.service.console import logger
+from ninfer.service.engine_view import EngineView
 from ninfer.service.request_log import RequestLog
 
 # Interval deltas the engine's `counters.take()` returns (raw counts and engine compute seconds).
@@ -29,13 +30,9 @@ def _as_dict(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def scheduler_state(engine: Any) -> dict[str, Any]:
+def scheduler_state(engine: EngineView) -> dict[str, Any]:
     """The engine's scheduler snapshot plus the live lifetime tickets (requests not yet released)."""
-    state = _as_dict(engine.snapshot())
-    tickets = getattr(engine, "tickets", None)
-    if tickets is not None:
-        state["live_tickets"] = tickets.live
-    return state
+    return {**_as_dict(engine.snapshot()), "live_tickets": engine.tickets.live}
 
 
 class ThroughputReporter:
@@ -50,7 +47,7 @@ class ThroughputReporter:
 
     def __init__(
         self,
-        engine: Any,
+        engine: EngineView,
         log: RequestLog,
         interval_ms: int,
         media: MediaBytes | None = None,
@@ -109,9 +106,9 @@ class ThroughputReporter:
                 "compat_adjustment_counts": compat,
                 **media,
             }
-            tier = getattr(self.engine, "cold_tier", None)
+            tier = self.engine.cold_tier_stats()
             if tier is not None:  # the cross-GPU cold tier is active: counters and arena occupancy
-                event["cold_tier"] = tier.stats()
+                event["cold_tier"] = tier
             self.log.emit("throughput", **event)
         logger().info(
             "throughput: prefill %.1f tok/s, decode %.1f tok/s, batch %.2f, running %s, waiting %s, "

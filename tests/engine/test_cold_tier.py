@@ -16,7 +16,7 @@ from ninfer.engine.cold_tier_store import CpuArenaStore
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.sizing import page_bytes, slot_bytes
-from tests.spec.helpers import mtp_model
+from tests.speculative.helpers import mtp_model
 
 MIB = 1 << 20
 

@@ -16,7 +16,7 @@ from ninfer.service.request_log import RequestLog
 from ninfer.service.telemetry import Tracing
 from ninfer.service.throughput import ThroughputReporter
 from tests.engine.test_cold_tier import MIB, Chats, engine, run
-from tests.spec.helpers import mtp_model
+from tests.speculative.helpers import mtp_model
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "request-log.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)

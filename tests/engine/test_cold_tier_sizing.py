@@ -7,7 +7,7 @@ import torch
 from ninfer.engine.pages import PAGE
 from ninfer.engine.sizing import AUTO_HEADROOM, page_bytes, resolve_kv, slot_bytes, workspace_bytes
 from tests.engine.tiny import tiny_config
-from tests.spec.helpers import engine, mtp_model
+from tests.speculative.helpers import engine, mtp_model
 
 
 def _pool_bytes(pool) -> int:
@@ -104,7 +104,7 @@ def test_lane_image_covers_the_dflash_context_pool() -> None:
     from types import SimpleNamespace
 
     from ninfer.engine.cold_tier import lane_pools
-    from ninfer.engine.spec.dflash import DFlashEngineDrafter
+    from ninfer.engine.speculative.dflash import DFlashEngineDrafter
 
     trunk, ctx, states = object(), object(), object()
     drafter = object.__new__(DFlashEngineDrafter)

@@ -16,9 +16,9 @@ from ninfer.engine.api import SamplingParams
 from ninfer.engine.graphs import EagerCapture
 from ninfer.engine.plan import DecodeRow, SlotOp
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
-from ninfer.engine.spec import build
-from ninfer.engine.spec.mtp import MTPDrafter, rope_positions
-from tests.spec.helpers import PROMPTS, draft_head, engine, mtp_model, request, run_batch
+from ninfer.engine.speculative import build
+from ninfer.engine.speculative.mtp import MTPDrafter, rope_positions
+from tests.speculative.helpers import PROMPTS, draft_head, engine, mtp_model, request, run_batch
 
 CPU = torch.device("cpu")
 PAGES_PER_LANE = 2

@@ -15,7 +15,7 @@ from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.graphs import DecodeGraphs, EagerCapture
 from ninfer.engine.runner import Runner
-from tests.spec.helpers import PROMPTS, mtp_model, prompt, request, run_batch
+from tests.speculative.helpers import PROMPTS, mtp_model, prompt, request, run_batch
 
 K = 3
 BASE = EngineConfig(max_concurrency=8, max_pending=16, max_context=256, prefill_chunk=64, kv_capacity=2048)

@@ -12,9 +12,11 @@ import time
 from typing import Any
 
 from ninfer.bootstrap import engine_config
-from ninfer.engine.api import GenerationRequest, QueueTimeout, RequestStats, StepOutput
+from ninfer.engine.api import ConstraintSpec, GenerationRequest, QueueTimeout, RequestStats, StepOutput
 from ninfer.engine.counters import Counters
+from ninfer.engine.grammar import GrammarError
 from ninfer.engine.handle import RequestHandle
+from ninfer.engine.scheduler import Snapshot
 from ninfer.engine.stops import StopChecker
 from ninfer.engine.tickets import Ticket, TicketBook
 from ninfer.text.detok import IncrementalDetokenizer
@@ -97,6 +99,8 @@ class FakeEngine:
         self.lanes = threading.Semaphore(e.max_concurrency)
         self.lock = threading.Lock()
         self.counters = Counters()
+        self.ledger = None  # no KV pool
+        self.error: str | None = None
         self.running = 0
         self.step_s = STEP_S
 
@@ -109,19 +113,39 @@ class FakeEngine:
     def submit(self, ticket: Ticket, request: GenerationRequest) -> RequestHandle:
         return ScriptRun(self, ticket, request).handle
 
-    def snapshot(self) -> dict[str, int]:
-        """The engine snapshot's fields; the scripted engine holds no KV pages."""
+    def snapshot(self) -> Snapshot:
+        """The scripted engine's occupancy: it holds no KV pages."""
         with self.lock:
             running = self.running
-        return {
-            "running": running,
-            "prefilling": 0,
-            "decode_ready": running,
-            "waiting": 0,
-            "free_pages": 1,
-            "total_pages": 1,
-            "resident_pages": 0,
-        }
+        return Snapshot(
+            running=running,
+            prefilling=0,
+            decode_ready=running,
+            waiting=0,
+            free_pages=1,
+            total_pages=1,
+            idle_lanes=0,
+            resident_lanes=0,
+            resident_pages=0,
+        )
+
+    def wait_prepared(self, timeout: float | None = None) -> bool:
+        return True
+
+    def check_constraint(self, spec: ConstraintSpec) -> None:
+        raise GrammarError(spec.param, "constrained output is not available (no grammar compiler)")
+
+    def graph_stats(self) -> None:
+        return None
+
+    def cold_tier_stats(self) -> None:
+        return None
+
+    def late_compiles(self) -> int:
+        return 0
+
+    def late_kernels(self) -> dict[str, int]:
+        return {}
 
     def shutdown(self, drain_timeout_s: float) -> None:
         pass

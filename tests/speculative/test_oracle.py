@@ -8,8 +8,8 @@ import torch
 from ninfer.engine.api import SamplingParams
 from ninfer.engine.plan import DecodeRow
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
-from ninfer.engine.spec.oracle import OracleDrafter
-from ninfer.engine.spec.rejection import match_greedy
+from ninfer.engine.speculative.oracle import OracleDrafter
+from ninfer.engine.speculative.rejection import match_greedy
 from ninfer.engine.step_io import StepOut, StepRows
 
 VOCAB = 50

@@ -13,7 +13,7 @@ import torch
 
 from ninfer.engine.api import SamplingParams
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
-from ninfer.engine.spec.rejection import distribution, propose, verify
+from ninfer.engine.speculative.rejection import distribution, propose, verify
 
 V = 5
 Logits = Callable[[list[int]], torch.Tensor]
@@ -166,7 +166,7 @@ def test_seeded_rounds_are_reproducible() -> None:
 
 
 def test_batched_greedy_match_equals_per_row_verification() -> None:
-    from ninfer.engine.spec.rejection import match_greedy
+    from ninfer.engine.speculative.rejection import match_greedy
 
     target = _logits_fn(4, 2.0)
     s = _sampler(0, temperature=0.0)

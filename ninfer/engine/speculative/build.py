@@ -9,11 +9,11 @@ from ninfer.engine.api import EngineConfigError
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.graphs import CaptureBackend, CudaCapture
 from ninfer.engine.slots import SlotLayout
-from ninfer.engine.spec.decoder import Drafter, SpecDecoder
-from ninfer.engine.spec.dflash import DFlashEngineDrafter
-from ninfer.engine.spec.draft_head import DraftHead
-from ninfer.engine.spec.mtp import MTPDrafter
-from ninfer.engine.spec.oracle import OracleDrafter
+from ninfer.engine.speculative.decoder import Drafter, SpecDecoder
+from ninfer.engine.speculative.dflash import DFlashEngineDrafter
+from ninfer.engine.speculative.draft_head import DraftHead
+from ninfer.engine.speculative.mtp import MTPDrafter
+from ninfer.engine.speculative.oracle import OracleDrafter
 from ninfer.model.cache import KVPool, StatePool
 from ninfer.model.config import MOE
 

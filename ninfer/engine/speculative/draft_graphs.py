@@ -32,7 +32,7 @@ from ninfer.engine.step_io import host_buffer
 from ninfer.kernels.launch_scope import for_step, pdl_allowed
 from ninfer.model.cache import PAGE_SIZE, ForwardBatch, KVPool
 
-log = logging.getLogger("ninfer.engine.spec.draft_graphs")
+log = logging.getLogger("ninfer.engine.speculative.draft_graphs")
 
 GreedyFn = Callable[[torch.Tensor], torch.Tensor]  # MTP hidden [B, H] -> draft token ids [B] int64
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.spec.helpers import engine, mtp_model, prompt, request, run_batch
+from tests.speculative.helpers import engine, mtp_model, prompt, request, run_batch
 
 
 @pytest.fixture(scope="module")

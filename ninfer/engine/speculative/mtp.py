@@ -26,9 +26,9 @@ import torch
 
 from ninfer.engine.graphs import CaptureBackend, GraphStats
 from ninfer.engine.plan import DecodeRow, SlotOp
-from ninfer.engine.spec.draft_graphs import DraftGraphs, DraftLane
-from ninfer.engine.spec.draft_head import DraftHead
-from ninfer.engine.spec.rejection import plain_greedy, propose
+from ninfer.engine.speculative.draft_graphs import DraftGraphs, DraftLane
+from ninfer.engine.speculative.draft_head import DraftHead
+from ninfer.engine.speculative.rejection import plain_greedy, propose
 from ninfer.model.cache import KVPool, make_batch
 
 

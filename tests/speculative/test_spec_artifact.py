@@ -16,7 +16,7 @@ from ninfer.artifact.lm_head_draft import add_lm_head_draft
 from ninfer.bootstrap import load_spec_weights, spec_fields
 from ninfer.engine.api import EngineConfigError
 from ninfer.model.weights import load_model
-from tests.spec.helpers import engine, prompt, request, run_batch
+from tests.speculative.helpers import engine, prompt, request, run_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from hf_fixtures import make_hf_checkpoint

@@ -23,8 +23,8 @@ from ninfer.config.loader import load_settings
 from ninfer.engine.api import EngineConfigError
 from ninfer.model.weights import load_model
 from tests.engine.tiny import tiny_model
-from tests.spec.helpers import engine, prompt, request, run_batch
-from tests.spec.test_dflash_engine import DRAFTER, drafter_tensors, moe_model
+from tests.speculative.helpers import engine, prompt, request, run_batch
+from tests.speculative.test_dflash_engine import DRAFTER, drafter_tensors, moe_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from hf_fixtures import make_hf_checkpoint

@@ -20,8 +20,8 @@ import torch
 
 from ninfer.engine.pages import PAGE
 from ninfer.engine.plan import DecodeRow, SlotOp
-from ninfer.engine.spec.mtp import Proposal, mask_vocab
-from ninfer.engine.spec.rejection import plain_greedy, propose
+from ninfer.engine.speculative.mtp import Proposal, mask_vocab
+from ninfer.engine.speculative.rejection import plain_greedy, propose
 from ninfer.model.cache import KVPool
 from ninfer.model.dflash import DFlashDrafter
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ninfer.engine.api import EngineConfigError
-from tests.spec.helpers import (
+from tests.speculative.helpers import (
     PROMPTS,
     check_counters,
     draft_head,

@@ -29,8 +29,8 @@ import torch
 from ninfer.engine.pages import PAGE
 from ninfer.engine.plan import DecodePlan, DecodeRow, SlotOp, StepResult
 from ninfer.engine.sampler import sample_rows
-from ninfer.engine.spec.mtp import Proposal, rope_positions
-from ninfer.engine.spec.rejection import match_greedy, plain_greedy, verify
+from ninfer.engine.speculative.mtp import Proposal, rope_positions
+from ninfer.engine.speculative.rejection import match_greedy, plain_greedy, verify
 from ninfer.engine.step_io import StepOut, StepRows
 from ninfer.model.cache import KVPool, StatePool
 

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from ninfer.engine.plan import DecodeRow, SlotOp
-from ninfer.engine.spec.mtp import Proposal
-from ninfer.engine.spec.rejection import greedy_token, plain_greedy
+from ninfer.engine.speculative.mtp import Proposal
+from ninfer.engine.speculative.rejection import greedy_token, plain_greedy
 from ninfer.engine.step_io import StepOut, StepRows
 
 

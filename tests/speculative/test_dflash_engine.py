@@ -16,7 +16,7 @@ from ninfer.model.config import MOE
 from ninfer.model.dflash import DFlashConfig, DFlashDrafter, load_dflash
 from ninfer.model.weights import load_model
 from tests.engine.tiny import _tensor, tiny_config
-from tests.spec.helpers import PROMPTS, VOCAB, check_counters, engine, prompt, request, run_batch
+from tests.speculative.helpers import PROMPTS, VOCAB, check_counters, engine, prompt, request, run_batch
 
 DRAFTER = {
     "architectures": ["DFlashDraftModel"],

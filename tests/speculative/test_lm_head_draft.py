@@ -23,7 +23,7 @@ from ninfer.artifact.lm_head_draft import (
     read_frequencies,
     select_ids,
 )
-from ninfer.engine.spec.draft_head import DraftHead
+from ninfer.engine.speculative.draft_head import DraftHead
 
 
 @pytest.fixture(scope="module")
