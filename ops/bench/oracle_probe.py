@@ -1,6 +1,6 @@
 """Oracle probe: does each verification compute, bit for bit, what the oracle's forwards chose?
 
-The oracle drafter (`ninfer.engine.spec.oracle`) drafts with forwards of the verification's own
+The oracle drafter (`ninfer.engine.speculative.oracle`) drafts with forwards of the verification's own
 shape, so with no wrong drafts every draft should be accepted. This probe runs concurrent greedy
 requests through an engine with that oracle on a shortened full-width model, records every target
 forward of each round, and compares the verification's logits with those of oracle forward j at

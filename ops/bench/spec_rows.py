@@ -32,8 +32,8 @@ from ninfer.engine.api import SamplingParams
 from ninfer.engine.graphs import CudaCapture
 from ninfer.engine.plan import DecodeRow
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
-from ninfer.engine.spec.draft_head import DraftHead
-from ninfer.engine.spec.mtp import MTPDrafter, Pending, rope_positions
+from ninfer.engine.speculative.draft_head import DraftHead
+from ninfer.engine.speculative.mtp import MTPDrafter, Pending, rope_positions
 from ninfer.model.qwen35 import Qwen35Model
 from ops.bench.ceilings import median_seconds, sync
 from ops.bench.engine_runs import EngineSpec, free, host_profile, kernel_table, make_engine, run_requests
