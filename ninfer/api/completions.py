@@ -1,16 +1,20 @@
 """POST /v1/completions: legacy OpenAI text completions over the raw prompt (no chat template).
 
 One prompt per request (a string, token ids, or a one-element array of either); `max_tokens`,
-`stop`, `echo` and `stream` (with `stream_options.include_usage`) work. The engine returns no
-token logprobs, so `logprobs` is refused with a 400 rather than answered with invented numbers.
-Generation runs with thinking off and no tool parsing: the visible text is returned as is.
+`stop`, `echo`, `stream` (with `stream_options.include_usage`) and `logprobs` (0..20 alternatives
+per generated token, in the legacy shape: tokens, token_logprobs, top_logprobs, text_offset) work.
+The engine computes logprobs for generated tokens only, never for the prompt, so `echo` together
+with `logprobs` (the prompt-scoring request of loglikelihood evaluations) is a 400 rather than an
+answer with invented numbers. Generation runs with thinking off and no tool parsing: the visible
+text is returned as is.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import falcon
@@ -20,12 +24,14 @@ from ninfer.api import sse
 from ninfer.api.chat_request import sampling_params
 from ninfer.api.context import ApiContext, caller
 from ninfer.api.errors import invalid, unsupported
-from ninfer.api.events import Finished, GenerationJob, TextDelta
+from ninfer.api.events import Finished, GenerationJob, LogprobsDelta, TextDelta
 from ninfer.api.fields import parse_body
 from ninfer.api.parse_guard import guarded
 from ninfer.api.pipeline import Generation
 from ninfer.frontend.conversation import Conversation
 from ninfer.frontend.options import RequestOptions
+
+LOGPROBS_MAX = 20  # alternatives per token (the engine's bound; OpenAI's legacy API allows 5)
 
 KNOWN = (
     "model", "prompt", "max_tokens", "stop", "echo", "logprobs", "stream", "stream_options",
@@ -62,8 +68,14 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> tuple[GenerationJob, str, st
     f.reject_unknown(body, KNOWN)
     model = f.req_str(body, "model")
     ctx.check_model(model)
-    if body.get("logprobs") not in (None, False, 0):
-        raise unsupported("logprobs", "logprobs are not supported: the engine does not return token logprobs")
+    logprobs = _logprobs(body)
+    echo = bool(f.opt_bool(body, "echo"))
+    if echo and logprobs is not None:
+        raise unsupported(
+            "echo",
+            "echo with logprobs asks for the prompt tokens' logprobs, which the engine does not compute "
+            "(loglikelihood scoring is not supported); logprobs of generated tokens work without echo",
+        )
     for key in ("n", "best_of"):
         if f.opt_int(body, key, 1) not in (None, 1):
             raise unsupported(key, f"{key} must be 1: one completion per request")
@@ -79,18 +91,38 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> tuple[GenerationJob, str, st
         raise invalid("stream_options", "stream_options is only allowed with stream=true")
     f.reject_unknown(options or {}, ("include_usage",), "stream_options.")
     include_usage = bool(f.opt_bool(options or {}, "include_usage", "stream_options.include_usage"))
-    echo = bool(f.opt_bool(body, "echo"))
     job = GenerationJob(
         protocol="completions",
         conversation=Conversation(messages=[]),
         controls=RequestOptions(),
-        params=sampling_params(body, max_tokens),
+        params=replace(sampling_params(body, max_tokens), logprobs=logprobs),
         max_tokens_given=max_tokens is not None,
         stream=stream,
         shape={"prompt_tokens_given": len(ids), "stream": stream, "echo": echo, "tools": 0},
         raw_prompt=ids,
     )
     return job, model, text if echo else "", include_usage
+
+
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """Legacy `logprobs`: the number of alternatives per generated token (0: the chosen one's
+    logprob only); None or false is off."""
+    if body.get("logprobs") is False:
+        return None
+    return f.opt_int(body, "logprobs", 0, LOGPROBS_MAX)
+
+
+def legacy_logprobs(entries: Sequence[dict[str, Any]], offset: int = 0) -> dict[str, list[Any]]:
+    """Chat-shaped logprob entries -> the legacy completions object; `text_offset` counts
+    characters of the returned text from `offset`."""
+    out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for entry in entries:
+        out["tokens"].append(entry["token"])
+        out["token_logprobs"].append(entry["logprob"])
+        out["top_logprobs"].append({t["token"]: t["logprob"] for t in entry["top_logprobs"]})
+        out["text_offset"].append(offset)
+        offset += len(entry["token"])
+    return out
 
 
 def _usage(done: Finished) -> dict[str, int]:
@@ -107,15 +139,20 @@ def _finish(done: Finished) -> str:
 
 
 def _stream(gen: Generation, head: dict[str, Any], echo: str, include_usage: bool) -> Iterator[bytes]:
-    def chunk(text: str, finish: str | None = None) -> bytes:
-        body = {**head, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+    def chunk(text: str, finish: str | None = None, logprobs: dict[str, Any] | None = None) -> bytes:
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
+        body = {**head, "choices": [choice]}
         return sse.frame({**body, "usage": None} if include_usage else body)
 
     def frames() -> Iterator[bytes]:
+        offset = len(echo)  # echo never comes with logprobs (refused), so offsets start after it
         if echo:
             yield chunk(echo)
         for event in gen.events():
-            if isinstance(event, TextDelta):
+            if isinstance(event, LogprobsDelta):  # a step's tokens, before that step's text
+                yield chunk("", logprobs=legacy_logprobs(event.entries, offset))
+                offset += sum(len(e["token"]) for e in event.entries)
+            elif isinstance(event, TextDelta):
                 yield chunk(event.text)
             elif isinstance(event, Finished):
                 yield chunk("", _finish(event))
@@ -150,7 +187,8 @@ class CompletionsResource:
         finally:
             gen.close()
         text = echo + "".join(p for p in (done.reasoning, done.content) if p)
-        choice = {"index": 0, "text": text, "finish_reason": _finish(done), "logprobs": None}
+        logprobs = None if done.logprobs is None else legacy_logprobs(done.logprobs, len(echo))
+        choice = {"index": 0, "text": text, "finish_reason": _finish(done), "logprobs": logprobs}
         resp.media = {**head, "choices": [choice], "usage": _usage(done)}
 
 

@@ -52,10 +52,40 @@ def test_completion_stream(compat_server: Server) -> None:
     assert frames[-2]["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+def _check_legacy_logprobs(lp: dict, top: int) -> None:
+    n = len(lp["tokens"])
+    assert len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
+    assert all(v <= 0.0 for v in lp["token_logprobs"])
+    assert all(1 <= len(t) <= top and all(v <= 0.0 for v in t.values()) for t in lp["top_logprobs"])
+    ends = [o + len(t) for o, t in zip(lp["text_offset"], lp["tokens"], strict=True)]
+    assert lp["text_offset"][1:] == ends[:-1] and (not n or lp["text_offset"][0] == 0)
+
+
+def test_completion_logprobs_whole_and_streamed(compat_server: Server) -> None:
+    body = {"model": MODEL, "prompt": "The sky is", "max_tokens": 6, "logprobs": 2}
+    body |= {"temperature": 1.5, "seed": 7}
+    r = _post(compat_server, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    choice, usage = r.json()["choices"][0], r.json()["usage"]
+    lp = choice["logprobs"]
+    _check_legacy_logprobs(lp, 2)
+    # one entry per generated token; the stop token that ended the turn is not shown
+    assert len(lp["tokens"]) == usage["completion_tokens"] - (choice["finish_reason"] == "stop") >= 1, r.text
+    r = _post(compat_server, "/v1/completions", {**body, "stream": True}, stream=True)
+    lines = [ln[6:] for ln in r.iter_lines() if ln.startswith(b"data: ")]  # SSE is UTF-8
+    parts = [c["logprobs"] for ln in lines[:-1] for c in json.loads(ln)["choices"] if c["logprobs"]]
+    streamed = {k: [v for p in parts for v in p[k]] for k in lp}
+    _check_legacy_logprobs(streamed, 2)
+    assert streamed["tokens"] == lp["tokens"]  # same seed, same tokens
+
+
 def test_completion_refusals(compat_server: Server) -> None:
-    r = _post(compat_server, "/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 1})
+    body = {"model": MODEL, "prompt": "x", "logprobs": 1, "echo": True}
+    r = _post(compat_server, "/v1/completions", body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+    assert "prompt tokens' logprobs" in r.json()["error"]["message"]
+    r = _post(compat_server, "/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 21})
     assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
-    assert "not supported" in r.json()["error"]["message"]
     r = _post(compat_server, "/v1/completions", {"model": MODEL, "prompt": ["a", "b"]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     r = _post(compat_server, "/v1/completions", {"model": "other", "prompt": "x"})
