@@ -10,7 +10,7 @@ import falcon
 from ninfer.api.context import ApiContext
 from ninfer.service.disconnect import ClientWatch
 from ninfer.service.metrics import CONTENT_TYPE
-from ninfer.service.middleware import ApiKeyAuth, BodyLimit, install_error_handlers
+from ninfer.service.middleware import ApiKeyAuth, BodyLimit, HttpCount, install_error_handlers
 
 # Protocol adapters; each module exposes `routes(ctx) -> [(path, resource)]`. A module that is not
 # present in this build (the Responses adapter is optional) is skipped.
@@ -26,7 +26,8 @@ ROUTE_MODULES = (
 
 class HealthResource:
     """Readiness (/health): 200 {"status":"ok"} once the engine is ready; 503 while loading, draining
-    or after a failed load. Liveness (/livez): the same resource over `runtime.liveness`."""
+    or after a failed load. Liveness (/livez, and / for clients that warm a connection with an
+    unauthenticated `HEAD /`, as Claude Code does): the same resource over `runtime.liveness`."""
 
     def __init__(self, status: Callable[[], tuple[int, dict[str, object]]]) -> None:
         self._status = status
@@ -35,6 +36,8 @@ class HealthResource:
         code, body = self._status()
         resp.status = falcon.code_to_http_status(code)
         resp.media = body
+
+    on_head = on_get  # the WSGI server sends no body for HEAD
 
 
 class MetricsResource:
@@ -71,8 +74,12 @@ def create_app(
     liveness: Callable[[], tuple[int, dict[str, object]]] | None = None,
     metrics: Callable[[], bytes] | None = None,
     metrics_open: bool = False,
+    observe_http: Callable[[str, str, int], None] | None = None,
 ) -> falcon.App:
     middleware: list[object] = []
+    counter = HttpCount(observe_http) if observe_http is not None else None
+    if counter is not None:
+        middleware.append(counter)
     if api_key:
         middleware.append(ApiKeyAuth(api_key, frozenset({"/metrics"}) if metrics_open else frozenset()))
     middleware.append(BodyLimit(max_request_bytes))
@@ -80,14 +87,17 @@ def create_app(
     app = falcon.App(middleware=middleware, cors_enable=cors)
     app.req_options.strip_url_path_trailing_slash = True
     install_error_handlers(app)
-    app.add_route("/health", HealthResource(health))
+    routes: list[tuple[str, object]] = [("/health", HealthResource(health))]
+    routes.append(("/", HealthResource(liveness or health)))
     if liveness is not None:
-        app.add_route("/livez", HealthResource(liveness))
+        routes.append(("/livez", HealthResource(liveness)))
     if metrics is not None:
-        app.add_route("/metrics", MetricsResource(metrics, CONTENT_TYPE))
+        routes.append(("/metrics", MetricsResource(metrics, CONTENT_TYPE)))
     for mod in _route_modules():
-        for path, resource in mod.routes(ctx):  # type: ignore[attr-defined]
-            app.add_route(path, resource)
-    for path, resource in extra_routes or []:
+        routes.extend(mod.routes(ctx))  # type: ignore[attr-defined]
+    routes.extend(extra_routes or [])
+    for path, resource in routes:
         app.add_route(path, resource)
+    if counter is not None:
+        counter.static = frozenset(path for path, _ in routes if "{" not in path)
     return app

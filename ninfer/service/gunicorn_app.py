@@ -118,6 +118,7 @@ class NinferApplication(BaseApplication):
             liveness=runtime.liveness,
             metrics=runtime.metrics.render,
             metrics_open=opts.metrics_open,
+            observe_http=runtime.metrics.observe_http,
         )
         return RequestIdMiddleware(TracingMiddleware(RouterCompatMiddleware(app), runtime.tracing))
 

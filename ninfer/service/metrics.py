@@ -88,6 +88,10 @@ class ServiceMetrics:
             "ninfer_prefix_reuse_path", "Admitted requests by prefix reuse path",
             ["model_name", "path"], registry=reg,
         )  # fmt: skip
+        self._http = Counter(
+            "ninfer_http_requests", "HTTP responses by route template, method and status",
+            ["model_name", "route", "method", "status"], registry=reg,
+        )  # fmt: skip
         self.registry.register(_SchedulerCollector(self._label, engine))
 
     def _label(self) -> str:
@@ -129,6 +133,10 @@ class ServiceMetrics:
 
     def observe_error(self, status: int, code: str) -> None:
         self._errors.labels(self._label(), str(status), code).inc()
+
+    def observe_http(self, route: str, method: str, status: int) -> None:
+        """One HTTP response (every route and outcome; a mid-stream failure keeps its 200)."""
+        self._http.labels(self._label(), route, method, str(status)).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,8 +1,10 @@
-"""Falcon middleware: API-key auth, the raw body limit (before any JSON parsing), error rendering."""
+"""Falcon middleware: HTTP response counts, API-key auth, the raw body limit (before any JSON
+parsing), error rendering."""
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from typing import Any
 
 import falcon
@@ -10,8 +12,26 @@ import falcon
 from ninfer.api.errors import ApiError, dialect_for_path, internal
 from ninfer.service.console import logger
 
-OPEN_PATHS = frozenset({"/health", "/livez"})
+OPEN_PATHS = frozenset({"/", "/health", "/livez"})
 _READ_CHUNK = 1 << 20
+
+
+class HttpCount:
+    """Count every response by route template, method and status (`observe(route, method, status)`).
+
+    Listed first, so its `process_response` runs whatever a later component raised. A refusal
+    before routing (401, 413) names the path when it is one of the `static` routes; any other
+    path no route matched counts as "unmatched", so the label set stays bounded."""
+
+    def __init__(self, observe: Callable[[str, str, int], None]) -> None:
+        self._observe = observe
+        self.static: frozenset[str] = frozenset()  # routes without path parameters (set by create_app)
+
+    def process_response(
+        self, req: falcon.Request, resp: falcon.Response, resource: object, req_succeeded: bool
+    ) -> None:
+        route = req.uri_template or (req.path if req.path in self.static else "unmatched")
+        self._observe(route, req.method, resp.status_code)
 
 
 class ApiKeyAuth:

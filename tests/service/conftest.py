@@ -3,6 +3,8 @@
 `server` runs `python -m ninfer.service` with the real engine; `scripted_server` runs the same
 service with the scripted engine of `fake_engine.py` for tests that need exact output tokens.
 The demo artifact is built once per test session into a session cache dir (`NINFER_CACHE_DIR`).
+`Traffic` checks what a real client sent: every HTTP response a 2xx (`/metrics`) and every
+generation finished without error (the request log).
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from ninfer.artifact import ensure_demo_artifact
 
@@ -27,6 +31,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 API_KEY = "test-secret-key-123"
 MODEL = "ninfer-demo"
+# Routes whose 2xx answers are generations (one request_done each in the request log).
+GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 
 # The module server of test_http.py and of other modules that use the `server` fixture.
 REAL_OVERRIDES = [
@@ -62,6 +68,72 @@ class Server:
 
     def events(self) -> list[dict]:
         return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+
+
+def scrape(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
+    """Every sample of /metrics as `name{label=value,...}` -> value (labels sorted, model_name dropped)."""
+    r = requests.get(f"{url}/metrics", headers=headers or {}, timeout=10)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model_name")
+            out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+def http_responses(server: Server) -> Counter[tuple[str, str, str]]:
+    """(route, method, status) -> responses so far, from `ninfer_http_requests_total` (/metrics
+    scrapes themselves left out)."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for key, value in scrape(server.url, server.headers()).items():
+        if key.startswith("ninfer_http_requests_total{"):
+            labels = dict(kv.split("=", 1) for kv in key[key.index("{") + 1 : -1].split(","))
+            if labels["route"] != "/metrics":
+                counts[(labels["route"], labels["method"], labels["status"])] = int(value)
+    return counts
+
+
+@dataclass
+class Traffic:
+    """What a client sent from `Traffic(server)` on: the HTTP responses it got (/metrics) and the
+    request log's events for its generations. `check` is the real-client contract: every response a
+    2xx, every generation done (no request_rejected / request_error)."""
+
+    server: Server
+    http0: Counter[tuple[str, str, str]] = field(init=False)
+    log0: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.http0 = http_responses(self.server)
+        self.log0 = len(self.server.events())
+
+    def http(self) -> Counter[tuple[str, str, str]]:
+        return http_responses(self.server) - self.http0
+
+    def events(self) -> list[dict]:
+        return [e for e in self.server.events()[self.log0 :] if e["event"].startswith("request_")]
+
+    def check(self, output: str = "", timeout_s: float = 10.0) -> list[dict]:
+        """Assert the contract and return the request_done events (a streamed generation is logged
+        when its stream closes, which may be just after the client has read its end)."""
+        http = self.http()
+        bad = {k: n for k, n in http.items() if not k[2].startswith("2")}
+        assert not bad, f"non-2xx responses: {bad}\n{output}"
+        generations = sum(n for (route, _, _), n in http.items() if route in GENERATION_ROUTES)
+        assert generations, f"no generation request reached the server: {dict(http)}\n{output}"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            events = self.events()
+            failed = [e for e in events if e["event"] in ("request_rejected", "request_error")]
+            assert not failed, f"requests failed: {failed}\n{output}"
+            done = [e for e in events if e["event"] == "request_done"]
+            if len(done) >= generations or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert len(done) == generations, f"{len(done)} request_done for {generations} generations\n{output}"
+        return done
 
 
 @pytest.fixture(scope="session")

@@ -2,11 +2,11 @@
 
 The server runs with `--client-compat` over the terse test model (turns end after a few tokens;
 see `terse_artifact.py`). Each CLI runs in print / exec mode with a temporary HOME, no network
-beyond 127.0.0.1, telemetry and update checks off; it must exit 0, and every request it sent must
-be a 2xx in the request log (request_done, no request_rejected / request_error). The prompts are
-shortened (a short system prompt, one tool) so the CPU prefill stays within seconds; the fields
-these clients always send (betas, context management, efforts, prompt-cache keys, hosted tools)
-are still present and their adjustments are checked in the log.
+beyond 127.0.0.1, telemetry and update checks off; it must exit 0, every response it got must be
+a 2xx (`ninfer_http_requests_total`) and every generation done in the request log (`Traffic`). The
+prompts are shortened (a short system prompt, one tool) so the CPU prefill stays within seconds;
+the fields these clients always send (betas, context management, efforts, prompt-cache keys,
+hosted tools) are still present and their adjustments are checked in the log.
 
 Skipped only when `node` itself is absent; a missing CLI install is a failure (`.ci/run` installs
 them with `npm install --prefix .ci/node`).
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.conftest import API_KEY, ROOT, Server
+from tests.service.conftest import API_KEY, ROOT, Server, Traffic
 
 NODE_BIN = ROOT / ".ci" / "node" / "node_modules" / ".bin"
 CLI_TIMEOUT_S = 240
@@ -61,15 +61,8 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.Complete
     )
 
 
-def _requests_since(server: Server, start: int) -> list[dict]:
-    return [e for e in server.events()[start:] if e["event"].startswith("request_")]
-
-
-def _check_all_2xx(events: list[dict], protocol: str, output: str) -> list[dict]:
-    done = [e for e in events if e["event"] == "request_done"]
-    failed = [e for e in events if e["event"] in ("request_rejected", "request_error")]
-    assert not failed, f"requests failed: {failed}\n{output}"
-    assert done, f"no request reached the server\n{output}"
+def _check_all_2xx(traffic: Traffic, protocol: str, output: str) -> list[dict]:
+    done = traffic.check(output)
     assert all(e["protocol"] == protocol and e["finish_reason"] in ("stop", "tool_calls") for e in done)
     return done
 
@@ -92,13 +85,13 @@ def test_claude_code_print_mode(compat_server: Server, tmp_path: Path) -> None:
             "DISABLE_AUTOUPDATER": "1",
         }
     )
-    start = len(compat_server.events())
+    traffic = Traffic(compat_server)
     argv = [str(claude), "-p", "Say hi", "--model", "ninfer-demo", "--tools", "Read"]
     argv += ["--system-prompt", "Answer briefly.", "--setting-sources", "", "--no-session-persistence"]
     out = _run(argv, env, tmp_path)
     output = out.stdout + out.stderr
     assert out.returncode == 0, output
-    done = _check_all_2xx(_requests_since(compat_server, start), "messages", output)
+    done = _check_all_2xx(traffic, "messages", output)
     params = _params(done)
     assert {"anthropic-beta", "?beta", "context_management", "output_config.effort"} <= params, params
 
@@ -131,12 +124,12 @@ stream_max_retries = 0
 """
     )
     env.update({"CODEX_HOME": str(codex_home), "NINFER_API_KEY": API_KEY})
-    start = len(compat_server.events())
+    traffic = Traffic(compat_server)
     argv = [str(codex), "exec", "--skip-git-repo-check", "--ephemeral", "Say hi"]
     out = _run(argv, env, tmp_path)
     output = out.stdout + out.stderr
     assert out.returncode == 0, output
-    done = _check_all_2xx(_requests_since(compat_server, start), "responses", output)
+    done = _check_all_2xx(traffic, "responses", output)
     params = _params(done)
     assert {"prompt_cache_key", "client_metadata", "include", "reasoning.summary"} <= params, params
     dropped = {a["detail"] for e in done for a in e["compat_adjustments"] if a["action"] == "dropped_tool"}

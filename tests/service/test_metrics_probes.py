@@ -11,11 +11,10 @@ import time
 from pathlib import Path
 
 import requests
-from conftest import API_KEY, MODEL, Server, launch
+from conftest import API_KEY, MODEL, Server, http_responses, launch, scrape
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client.parser import text_string_to_metric_families
 
 from ninfer.service.request_id import RequestIdMiddleware
 from ninfer.service.telemetry import Tracing, TracingMiddleware
@@ -24,20 +23,8 @@ NO_THINK = {"enable_thinking": False}
 DRAIN_S = 20.0
 
 
-def scrape(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
-    """Every sample of /metrics as `name{label=value,...}` -> value (labels sorted, model_name dropped)."""
-    r = requests.get(f"{url}/metrics", headers=headers or {}, timeout=10)
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model_name")
-            out[f"{s.name}{{{labels}}}"] = s.value
-    return out
-
-
 def test_metrics_series_auth_and_values(server: Server) -> None:
+    http0 = http_responses(server)
     assert requests.get(f"{server.url}/metrics", timeout=10).status_code == 401  # follows --api-key
     before = scrape(server.url, server.headers())
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -79,11 +66,23 @@ def test_metrics_series_auth_and_values(server: Server) -> None:
 
     bad = requests.post(chat, json={**body, "messages": turn1, "model": "nope"}, headers=server.headers())
     assert bad.status_code == 404
+    assert requests.post(chat, json={**body, "messages": turn1}, timeout=10).status_code == 401
+    assert requests.get(f"{server.url}/v1/nowhere", headers=server.headers(), timeout=10).status_code == 404
+    http = http_responses(server) - http0
+    assert http == {
+        ("/v1/chat/completions", "POST", "200"): 2,
+        ("/v1/chat/completions", "POST", "404"): 1,
+        ("/v1/chat/completions", "POST", "401"): 1,  # refused before routing, still named
+        ("unmatched", "GET", "404"): 1,
+    }, http  # the 401 scrape above is a /metrics response, left out like every scrape
 
 
 def test_livez_open_and_request_id_echo(server: Server) -> None:
     live = requests.get(f"{server.url}/livez", timeout=10)
     assert live.status_code == 200 and live.json() == {"status": "ok"}
+    root = requests.head(server.url, timeout=10)  # Claude Code's unauthenticated connection warm-up
+    assert root.status_code == 200 and not root.content
+    assert requests.get(f"{server.url}/", timeout=10).json() == {"status": "ok"}
     body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], **NO_THINK}
     headers = {
         **server.headers(),
