@@ -8,8 +8,9 @@ from typing import Any
 
 from ninfer.api import fields as f
 from ninfer.api import json_body
+from ninfer.api.compat import Compat
 from ninfer.api.context import ApiContext
-from ninfer.api.errors import invalid, unsupported
+from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.events import GenerationJob
 from ninfer.api.parse_guard import guarded
 from ninfer.engine.api import ConstraintSpec, SamplingParams
@@ -22,6 +23,10 @@ KNOWN = {
     "tool_choice", "parallel_tool_calls", "reasoning_effort", "enable_thinking", "chat_template_kwargs",
     "preserve_thinking", "n", "user", "logprobs", "top_logprobs", "response_format",
 }  # fmt: skip
+# Fields outside the contract that change nothing computed here (prompt caching hints, OpenAI-side
+# storage and abuse-monitoring ids); --client-compat accepts and ignores them, otherwise they are
+# unknown parameters.
+IGNORABLE_FIELDS = ("prompt_cache_key", "prompt_cache_retention", "safety_identifier", "store", "metadata")
 SEED_MAX = 2**64 - 1  # the sampler's generators take 64-bit seeds
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
@@ -119,25 +124,40 @@ def _message(msg: dict[str, Any], p: str, ctx: ApiContext) -> Message:
     raise invalid(f"{p}.role", f"unsupported role {role!r}", "invalid_value")
 
 
-def _tools(body: dict[str, Any]) -> list[Tool]:
+def _tools(body: dict[str, Any], compat: Compat) -> list[Tool]:
     tools = []
     for p, tool in f.objects(f.opt_list(body, "tools") or [], "tools"):
         if tool.get("type") != "function":
             raise unsupported(f"{p}.type", "only function tools are supported")
         fn = f.as_dict(tool.get("function"), f"{p}.function")
         if fn.get("strict") is True:
-            raise unsupported(f"{p}.function.strict", "strict schemas are not enforced by this server")
+            error = unsupported(f"{p}.function.strict", "strict schemas are not enforced by this server")
+            compat.map(
+                f"{p}.function.strict", error, "strict: true -> false (arguments are not schema-enforced)"
+            )
         params = f.opt_dict(fn, "parameters", f"{p}.function.parameters")
         desc = f.opt_str(fn, "description", f"{p}.function.description")
         tools.append(Tool(f.req_str(fn, "name", f"{p}.function.name"), desc, params))
     return tools
 
 
-def _check_unsupported(body: dict[str, Any]) -> None:
+def _unknown_fields(body: dict[str, Any], compat: Compat) -> None:
+    """Unknown fields fail, except the ignorable ones under --client-compat (null is absent)."""
+    for key, value in body.items():
+        if key in KNOWN:
+            continue
+        if key not in IGNORABLE_FIELDS:
+            raise unknown_parameter(key)
+        if value is not None:
+            compat.ignore(key, unknown_parameter(key))
+
+
+def _check_unsupported(body: dict[str, Any], compat: Compat) -> None:
     if f.opt_int(body, "n", 1) not in (None, 1):
         raise unsupported("n", "only n=1 is supported")
     if f.opt_bool(body, "parallel_tool_calls") is False:
-        raise unsupported("parallel_tool_calls", "parallel_tool_calls=false is not supported")
+        error = unsupported("parallel_tool_calls", "parallel_tool_calls=false is not supported")
+        compat.ignore("parallel_tool_calls", error, "false ignored; several calls may still be parsed")
     f.opt_str(body, "user")
 
 
@@ -193,7 +213,8 @@ def _controls(body: dict[str, Any]) -> RequestOptions:
 
 @guarded
 def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
-    f.reject_unknown(body, KNOWN)
+    compat = Compat(ctx.client_compat)
+    _unknown_fields(body, compat)
     model = f.req_str(body, "model")
     ctx.check_model(model)
     messages = [_message(m, p, ctx) for p, m in f.objects(f.req_list(body, "messages"), "messages")]
@@ -208,8 +229,8 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
         raise invalid("stream_options", "stream_options is only allowed with stream=true")
     f.reject_unknown(options or {}, ("include_usage", "include_obfuscation"), "stream_options.")
     include_usage = bool(f.opt_bool(options or {}, "include_usage", "stream_options.include_usage"))
-    _check_unsupported(body)
-    tools = _tools(body)
+    _check_unsupported(body, compat)
+    tools = _tools(body, compat)
     choice = body.get("tool_choice")
     if choice not in (None, "auto", "none"):
         raise unsupported("tool_choice", "tool_choice must be 'auto' or 'none'")
@@ -229,5 +250,6 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
             "media_items": sum(1 for m in messages for p in m.parts if isinstance(p, ImagePart | VideoPart)),
             "stream": stream,
         },
+        compat=compat.adjustments,
     )
     return ChatRequest(job=job, model=model, include_usage=include_usage)

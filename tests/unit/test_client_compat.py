@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ninfer.api import chat_request
 from ninfer.api.compat import Compat, nearest_effort
 from ninfer.api.context import ApiContext
 from ninfer.api.errors import ApiError
@@ -47,6 +48,24 @@ CODEX = {
     ],
 }
 
+# What openai-agents' OpenAIChatCompletionsModel sends for a `function_tool` (strict schema), with
+# the OpenAI-side fields other SDKs add.
+AGENTS_CHAT = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "hi"}],
+    "tools": [
+        {
+            "type": "function",
+            "function": {"name": "f", "description": "", "parameters": {"type": "object"}, "strict": True},
+        }
+    ],
+    "parallel_tool_calls": False,
+    "store": True,
+    "metadata": {"a": "b"},
+    "prompt_cache_key": "k",
+    "safety_identifier": None,
+}
+
 
 def test_strict_mode_keeps_the_400_and_names_the_flag() -> None:
     with pytest.raises(ApiError) as exc:
@@ -57,6 +76,16 @@ def test_strict_mode_keeps_the_400_and_names_the_flag() -> None:
         parse_create(dict(CODEX), vision=False)
     assert exc.value.status == 400 and exc.value.param == "prompt_cache_key"
     assert "--client-compat" in exc.value.message
+    for drop, param in (
+        ((), "store"),
+        (("store", "metadata", "prompt_cache_key"), "parallel_tool_calls"),
+        (("store", "metadata", "prompt_cache_key", "parallel_tool_calls"), "tools[0].function.strict"),
+    ):
+        body = {k: v for k, v in AGENTS_CHAT.items() if k not in drop}
+        with pytest.raises(ApiError) as exc:
+            chat_request.parse(body, ApiContext())
+        assert exc.value.status == 400 and exc.value.param == param
+        assert "--client-compat" in exc.value.message
 
 
 def test_compat_mode_records_every_adjustment() -> None:
@@ -78,6 +107,22 @@ def test_compat_mode_records_every_adjustment() -> None:
     ):
         assert params[key] == "ignored"
     assert [t.name for t in request.tools] == ["f"]
+
+
+def test_chat_compat_records_every_adjustment() -> None:
+    job = chat_request.parse(dict(AGENTS_CHAT), ApiContext(client_compat=True)).job
+    params = {a["param"]: a["action"] for a in job.compat}
+    assert params == {
+        "store": "ignored",
+        "metadata": "ignored",
+        "prompt_cache_key": "ignored",  # safety_identifier is null: absent, not recorded
+        "parallel_tool_calls": "ignored",
+        "tools[0].function.strict": "mapped",
+    }
+    assert [t.name for t in job.conversation.tools] == ["f"]
+    with pytest.raises(ApiError) as exc:
+        chat_request.parse({**AGENTS_CHAT, "surprise": 1}, ApiContext(client_compat=True))
+    assert exc.value.param == "surprise"
 
 
 def test_other_unknown_fields_still_fail_in_compat_mode() -> None:
