@@ -212,15 +212,22 @@ def server(tmp_path_factory: pytest.TempPathFactory, demo_cache: Path) -> Iterat
     assert stop_server(srv) == 0, srv.stderr_path.read_text()[-3000:]
 
 
+def start_scripted(tmp: Path, cache: Path, *extra: str) -> Server:
+    """The scripted engine of `serve_fake.py` behind the real service; `extra` Hydra overrides."""
+    overrides = [
+        "engine.max_context=512",
+        "engine.default_max_tokens=64",
+        "logging.log_stats_interval_ms=100",
+    ]
+    return start_server(
+        tmp, [*overrides, *extra], cache, command=[sys.executable, str(HERE / "serve_fake.py")]
+    )
+
+
 @pytest.fixture(scope="module")
 def scripted_server(tmp_path_factory: pytest.TempPathFactory, demo_cache: Path) -> Iterator[Server]:
     """The scripted engine (fixed reply ids, the real stop handling) behind the same service."""
-    srv = start_server(
-        tmp_path_factory.mktemp("scripted"),
-        ["engine.max_context=512", "engine.default_max_tokens=64", "logging.log_stats_interval_ms=100"],
-        demo_cache,
-        command=[sys.executable, str(HERE / "serve_fake.py")],
-    )
+    srv = start_scripted(tmp_path_factory.mktemp("scripted"), demo_cache)
     yield srv
     assert stop_server(srv) == 0, srv.stderr_path.read_text()[-3000:]
 

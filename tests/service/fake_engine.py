@@ -1,8 +1,10 @@
 """A scripted engine with the real engine's public surface, for tests that need exact output tokens.
 
-The token ids are scripted (a reasoning/answer split, a tool call); everything after the ids is
-the real engine's code: `StopChecker` over the artifact tokenizer's `IncrementalDetokenizer`
-produces `StepOutput.text`, so stop strings are matched and withheld exactly as in `Engine`.
+The token ids are scripted (a reasoning/answer split; a tool call when a weather tool is offered,
+and the plain answer once the last turn holds a tool result, so an agent loop ends after one call);
+everything after the ids is the real engine's code: `StopChecker` over the artifact tokenizer's
+`IncrementalDetokenizer` produces `StepOutput.text`, so stop strings are matched and withheld
+exactly as in `Engine`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ STEP_S = 0.01
 def script(tokenizer: Tokenizer, prompt: str, thinking: bool) -> list[int]:
     """The scripted reply ids (ending with <|im_end|>) for a rendered prompt."""
     tools = "<tools>" in prompt and "weather" in prompt.split("<tools>")[-1]
-    text = TOOL_REPLY if tools else REPLY
+    answered = "<tool_response>" in prompt.rsplit("<|im_start|>user", 1)[-1]
+    text = TOOL_REPLY if tools and not answered else REPLY
     if not thinking:
         text = text.split("</think>\n\n", 1)[1]
     return [*tokenizer.encode(text), tokenizer.token_to_id("<|im_end|>")]
