@@ -1,9 +1,9 @@
 """openai-agents (the OpenAI Agents SDK) runs a tool-using agent against the server.
 
-The server runs the scripted engine (`fake_engine.py`) with `--client-compat`: offered a weather
-tool it calls `get_weather` with `{"city": "Paris"}`, and once the last turn holds the tool's
-result it answers in plain text, so every run is exactly two generations (a tool call, then the
-final answer). Both model classes run, each whole and streamed: `OpenAIChatCompletionsModel` over
+The package's `scripted_server` runs the scripted engine (`fake_engine.py`) with
+`--client-compat`: offered a weather tool it calls `get_weather` with `{"city": "Paris"}`, and once
+the last turn holds the tool's result it answers in plain text, so every run is exactly two
+generations (a tool call, then the final answer). Both model classes run, each whole and streamed: `OpenAIChatCompletionsModel` over
 Chat Completions and `OpenAIResponsesModel` over Responses. Tracing is disabled (it would export
 to OpenAI). Each run must complete with the scripted answer, having run the tool once, with every
 HTTP response a 2xx and both generations done in the request log (`Traffic`).
@@ -16,8 +16,6 @@ that names the flag (`tests/unit/test_client_compat.py`, on the SDK's Chat reque
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from agents import (
@@ -31,19 +29,16 @@ from agents import (
 )
 from openai import AsyncOpenAI
 
-from tests.service.conftest import API_KEY, MODEL, Server, Traffic, start_scripted, stop_server
+from tests.service.conftest import API_KEY, MODEL, Server, Traffic
 
 ANSWER = "Hello from the scripted engine."
 PROTOCOL = {"chat": "chat_completions", "responses": "responses"}
 STRICT_PARAM = {"chat": "tools[0].function.strict", "responses": "tools[0].strict"}
 
 
-@pytest.fixture(scope="module")
-def agents_server(tmp_path_factory: pytest.TempPathFactory, demo_cache: Path) -> Iterator[Server]:
+@pytest.fixture(scope="module", autouse=True)
+def no_tracing() -> None:
     set_tracing_disabled(True)
-    srv = start_scripted(tmp_path_factory.mktemp("agents"), demo_cache, "server.client_compat=true")
-    yield srv
-    assert stop_server(srv) == 0, srv.stderr_path.read_text()[-3000:]
 
 
 def _model(api: str, client: AsyncOpenAI) -> Model:
@@ -76,10 +71,10 @@ async def _run(url: str, api: str, stream: bool, cities: list[str]) -> str:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("api", ["chat", "responses"])
-def test_tool_using_agent_run(agents_server: Server, api: str, stream: bool) -> None:
-    traffic = Traffic(agents_server)
+def test_tool_using_agent_run(scripted_server: Server, api: str, stream: bool) -> None:
+    traffic = Traffic(scripted_server)
     cities: list[str] = []
-    assert asyncio.run(_run(agents_server.url, api, stream, cities)) == ANSWER
+    assert asyncio.run(_run(scripted_server.url, api, stream, cities)) == ANSWER
     assert cities == ["Paris"]
     done = traffic.check()
     assert [e["finish_reason"] for e in done] == ["tool_calls", "stop"]
