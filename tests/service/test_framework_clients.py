@@ -10,8 +10,7 @@ client makes one whole and one streamed call; both must succeed, every HTTP resp
 from __future__ import annotations
 
 import importlib
-import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -64,12 +63,10 @@ def test_langchain_invoke_and_stream(compat_server: Server, name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def litellm() -> ModuleType:
-    # the bundled model-cost map, not a download at import
-    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-    module = importlib.import_module("litellm")
-    module.telemetry = False
-    return module
+def litellm() -> Iterator[ModuleType]:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # the bundled cost map, not a download
+        yield importlib.import_module("litellm")
 
 
 def test_litellm_openai_provider(compat_server: Server, litellm: Any) -> None:
