@@ -103,7 +103,13 @@ def stream_events(gen: Generation, mid: str, model: str) -> Iterator[bytes]:
         # message_start carries the same input / cache-read split as the cumulative message_delta
         cached = gen.stats.cached_tokens if gen.stats is not None else 0
         usage = usage_body(Usage(gen.prompt_tokens, 0, cached))
-        start = {"id": mid, "type": "message", "role": "assistant", "model": model, "content": []}
+        start: dict[str, Any] = {
+            "id": mid,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+        }
         start.update({"stop_reason": None, "stop_sequence": None, "usage": usage})
         yield _event("message_start", {"message": start})
         yield _event("ping", {})

@@ -12,7 +12,16 @@ from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.events import GenerationJob
 from ninfer.api.parse_guard import guarded
 from ninfer.engine.api import SamplingParams
-from ninfer.frontend.conversation import Conversation, ImagePart, Message, TextPart, Tool, ToolCall, VideoPart
+from ninfer.frontend.conversation import (
+    Conversation,
+    ImagePart,
+    Message,
+    Part,
+    TextPart,
+    Tool,
+    ToolCall,
+    VideoPart,
+)
 from ninfer.frontend.options import RequestOptions
 
 KNOWN = {
@@ -40,12 +49,12 @@ class MessagesRequest:
     model: str
 
 
-def _text_blocks(content: Any, param: str) -> list[TextPart]:
+def _text_blocks(content: Any, param: str) -> list[Part]:
     if isinstance(content, str):
         return [TextPart(content)]
     if not isinstance(content, list):
         raise invalid(param, f"{param!r} must be a string or an array of text blocks", "invalid_type")
-    out = []
+    out: list[Part] = []
     for p, block in f.objects(content, param):
         if block.get("type") != "text":
             raise invalid(f"{p}.type", "only text blocks are allowed here", "invalid_value")

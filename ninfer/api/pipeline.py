@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ninfer.api.errors import ApiError, internal, invalid
-from ninfer.api.events import Event, Finished, GenerationJob, LogprobsDelta, Usage
-from ninfer.api.ports import EnginePort, Handle, Observer, OutputDecoder, Prepared, PromptPort, Ticket
+from ninfer.api.events import Event, Finished, FinishKind, GenerationJob, LogprobsDelta, Usage
+from ninfer.api.ports import EnginePort, Handle, Observer, OutputDecoder, Prepared, PromptPort
 from ninfer.engine.api import (
     ContextLengthExceeded,
     EngineError,
@@ -22,6 +22,7 @@ from ninfer.engine.api import (
     StepOutput,
 )
 from ninfer.engine.grammar import GrammarError
+from ninfer.engine.tickets import Ticket
 from ninfer.frontend.parser import ParseResult
 
 CANCEL_WAIT_S = 10.0  # bound on waiting for the engine to acknowledge a cancellation
@@ -137,7 +138,8 @@ class Pipeline:
             room = self.config.max_context - len(prepared.token_ids)
             if room <= 0:
                 raise context_error(len(prepared.token_ids), self.config.max_context)
-            wanted = job.params.max_tokens if job.max_tokens_given else self.config.default_max_tokens
+            given = job.params.max_tokens if job.max_tokens_given else None
+            wanted = given if given is not None else self.config.default_max_tokens
             params = replace(job.params, max_tokens=min(wanted, room))
             request = GenerationRequest(
                 request_id=str(request_id),
@@ -304,7 +306,9 @@ class Generation:
         calls = tuple(parse.tool_calls)
         stats = self.stats
         completion = len(self._completion_ids)
-        kind = "length" if finish.finish_reason == "length" else ("tool_calls" if calls else "stop")
+        kind: FinishKind = (
+            "length" if finish.finish_reason == "length" else ("tool_calls" if calls else "stop")
+        )
         usage = Usage(
             prompt_tokens=self.prompt_tokens,
             completion_tokens=completion,

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ninfer.api.errors import ApiError
-from ninfer.api.events import Event, GenerationJob
+from ninfer.api.events import GenerationJob
 from ninfer.engine.api import ConstraintSpec, GenerationRequest, RequestStats, StepOutput
+from ninfer.engine.tickets import Ticket  # a lifetime reservation (its deadline bounds media prep)
 from ninfer.frontend.options import RequestOptions
-from ninfer.frontend.parser import ParseResult
+from ninfer.frontend.parser import Event, ParseResult  # the decoder's text events
 
 
 @dataclass(frozen=True)
@@ -69,21 +70,19 @@ class PromptPort(Protocol):
 class Handle(Protocol):
     """`ninfer.engine.handle.RequestHandle`: every `iter()` continues where the previous one stopped."""
 
-    stats: RequestStats
-    finished: bool  # the final output (or an admission error) has been read
+    @property
+    def stats(self) -> RequestStats: ...
+
+    @property
+    def finished(self) -> bool:
+        """The final output (or an admission error) has been read."""
+        ...
+
     timeout_s: float | None  # per-output wait bound while iterating (None: no bound)
 
     def __iter__(self) -> Iterator[StepOutput]: ...
 
     def cancel(self) -> None: ...
-
-
-class Ticket(Protocol):
-    """A lifetime reservation (`ninfer.engine.tickets.Ticket`)."""
-
-    deadline: float  # monotonic time by which the request must be admitted (media prep shares it)
-
-    def release(self) -> None: ...
 
 
 class EnginePort(Protocol):

@@ -115,7 +115,7 @@ class ResponseSequencer:
             events += started
         self._open.chunks.append(delta)
         name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-        extra = {} if kind == "reasoning" else {"logprobs": []}
+        extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
         events.append(
             self._event(
                 name,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, SecretStr, model_validator
+from pydantic import BeforeValidator, Field, JsonValue, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ninfer.config.errors import ConfigError
@@ -27,14 +27,15 @@ Int = Annotated[int, BeforeValidator(_not_bool)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
 
 
-def flag(
-    meaning: str, *, metavar: str | None = None, shown: str | None = None, valid: str | None = None
-) -> dict[str, Any]:
-    """Field arguments of a setting that is also a `ninfer-serve` flag (config/options.py builds the
-    flag table from them): its meaning, the flag's metavar where the type does not say it, and
-    the default as the contract words it where that is not the value itself."""
+def cli(
+    *, metavar: str | None = None, shown: str | None = None, valid: str | None = None
+) -> dict[str, JsonValue]:
+    """`json_schema_extra` of a setting: the flag's metavar where the type does not say it, the
+    default as the contract words it where that is not the value itself, and the valid range as
+    an error message words it. A field with a `description` is a `ninfer-serve` flag
+    (config/options.py builds the flag table from the fields)."""
     extra = {"metavar": metavar, "shown_default": shown, "valid": valid}
-    return {"description": meaning, "json_schema_extra": {k: v for k, v in extra.items() if v} or None}
+    return {k: v for k, v in extra.items() if v}
 
 
 def _config(group: str) -> SettingsConfigDict:
@@ -54,29 +55,34 @@ class EngineSettings(BaseSettings):
 
     model_config = _config("engine")
 
-    max_context: Int = Field(8192, ge=1, **flag("logical context ceiling of each sequence"))
+    max_context: Int = Field(8192, ge=1, description="logical context ceiling of each sequence")
     max_concurrency: Int = Field(
-        1, ge=1, le=MAX_CONCURRENCY, **flag("maximum admitted requests; valid range 1..8")
+        1, ge=1, le=MAX_CONCURRENCY, description="maximum admitted requests; valid range 1..8"
     )
-    max_pending_requests: Int = Field(16, ge=0, **flag("additional requests allowed to wait for admission"))
-    pending_timeout_ms: Int = Field(30000, ge=1, **flag("maximum preparation-plus-admission wait"))
-    prefill_chunk: Int = Field(1024, ge=1, **flag("text-prefill chunk"))
+    max_pending_requests: Int = Field(
+        16, ge=0, description="additional requests allowed to wait for admission"
+    )
+    pending_timeout_ms: Int = Field(30000, ge=1, description="maximum preparation-plus-admission wait")
+    prefill_chunk: Int = Field(1024, ge=1, description="text-prefill chunk")
     device: Annotated[int, Field(ge=0), BeforeValidator(_not_bool)] | Literal["cpu"] = Field(
         0,
-        **flag(
-            "CUDA device index (or cpu; the CPU is used when CUDA is absent)",
-            metavar="N",
-            valid="must be a CUDA device index >= 0 or cpu",
-        ),
+        description="CUDA device index (or cpu; the CPU is used when CUDA is absent)",
+        json_schema_extra=cli(metavar="N", valid="must be a CUDA device index >= 0 or cpu"),
     )
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
-        "auto", **flag("weight and activation dtype", shown="auto (bf16 GPU, fp32 CPU)")
+        "auto",
+        description="weight and activation dtype",
+        json_schema_extra=cli(shown="auto (bf16 GPU, fp32 CPU)"),
     )
     # kernel backend: auto = the fastest that imports (triton on CUDA, else reference)
     kernel_backend: Literal["auto", "reference", "triton", "xformers", "tensorrt"] = "auto"
-    no_cuda_graph: bool = Field(False, **flag("disable CUDA Graph decode graphs", shown="on"))
-    no_prefix_reuse: bool = Field(False, **flag("disable compatible-prefix caching", shown="prefix reuse on"))
-    default_max_tokens: Int = Field(8192, ge=1, **flag("output limit when omitted by a request"))
+    no_cuda_graph: bool = Field(
+        False, description="disable CUDA Graph decode graphs", json_schema_extra=cli(shown="on")
+    )
+    no_prefix_reuse: bool = Field(
+        False, description="disable compatible-prefix caching", json_schema_extra=cli(shown="prefix reuse on")
+    )
+    default_max_tokens: Int = Field(8192, ge=1, description="output limit when omitted by a request")
 
     def torch_device(self, cuda_available: bool) -> str:
         """``cuda:N``, or ``cpu`` when asked for or when CUDA is absent."""
@@ -97,15 +103,10 @@ class KVSettings(BaseSettings):
     # tokens; None follows engine.max_context, "auto" maximizes it from free GPU memory
     capacity: Annotated[int, Field(ge=1), BeforeValidator(_not_bool)] | Literal["auto"] | None = Field(
         None,
-        **flag(
-            "explicit shared Main Text KV capacity, or maximize it from remaining GPU memory; "
-            "omitted means --max-context",
-            metavar="N|auto",
-            shown="8192",
-            valid="must be an integer >= 1, auto or null",
-        ),
+        description="explicit shared Main Text KV capacity, or maximize it from remaining GPU memory; omitted means --max-context",
+        json_schema_extra=cli(metavar="N|auto", shown="8192", valid="must be an integer >= 1, auto or null"),
     )
-    dtype: Literal["bf16", "int8"] = Field("bf16", **flag("KV-cache storage"))
+    dtype: Literal["bf16", "int8"] = Field("bf16", description="KV-cache storage")
 
 
 class SpecSettings(BaseSettings):
@@ -113,9 +114,11 @@ class SpecSettings(BaseSettings):
 
     model_config = _config("spec")
 
-    method: Literal["mtp", "dflash"] | None = Field(None, **flag("speculative backend", shown="off"))
-    draft_tokens: Int | None = Field(None, ge=1, le=DFLASH_MAX_DRAFT, **flag("MTP 1..5; DFlash 1..15"))
-    lm_head_draft: bool = Field(False, **flag("optimized proposal head"))
+    method: Literal["mtp", "dflash"] | None = Field(
+        None, description="speculative backend", json_schema_extra=cli(shown="off")
+    )
+    draft_tokens: Int | None = Field(None, ge=1, le=DFLASH_MAX_DRAFT, description="MTP 1..5; DFlash 1..15")
+    lm_head_draft: bool = Field(False, description="optimized proposal head")
 
     @model_validator(mode="after")
     def _rules(self) -> SpecSettings:
@@ -142,13 +145,13 @@ class VisionSettings(BaseSettings):
 
     model_config = _config("vision")
 
-    enabled: bool = Field(False, **flag("enable media input and load Vision GPU allocations"))
+    enabled: bool = Field(False, description="enable media input and load Vision GPU allocations")
     media_cache_mib: Int = Field(
-        1024, ge=0, **flag("LRU-retained prepared BF16 media payloads; 0 disables retention")
+        1024, ge=0, description="LRU-retained prepared BF16 media payloads; 0 disables retention"
     )
-    media_live_mib: Int = Field(2048, ge=1, **flag("all live prepared BF16 media payloads"))
+    media_live_mib: Int = Field(2048, ge=1, description="all live prepared BF16 media payloads")
     media_preprocess_threads: Int = Field(
-        0, ge=0, **flag("bounded media preprocessing workers; 0 selects at most 16 from host concurrency")
+        0, ge=0, description="bounded media preprocessing workers; 0 selects at most 16 from host concurrency"
     )
     # media URLs may name loopback / private / link-local hosts (off: such URLs are refused)
     allow_private_media_urls: bool = False
@@ -161,21 +164,20 @@ class ColdTierSettings(BaseSettings):
 
     model_config = _config("cold_tier")
 
-    enabled: bool = Field(True, **flag("disable the cross-GPU cold tier", shown="cold tier on"))
+    enabled: bool = Field(
+        True, description="disable the cross-GPU cold tier", json_schema_extra=cli(shown="cold tier on")
+    )
     device: Int = Field(
         -1,
         ge=-1,
-        **flag(
-            "pin the cold tier to one secondary device; -1 spans every non-primary device with at "
-            "least 512 MiB free"
-        ),
+        description="pin the cold tier to one secondary device; -1 spans every non-primary device with at least 512 MiB free",
     )
     capacity_mib: Int = Field(
         0,
         ge=0,
-        **flag("per-device cold-tier arena bytes; 0 sizes each arena from device free memory minus 256 MiB"),
+        description="per-device cold-tier arena bytes; 0 sizes each arena from device free memory minus 256 MiB",
     )
-    staging_mib: Int = Field(64, ge=1, **flag("pinned host staging buffer for cold-tier transfers"))
+    staging_mib: Int = Field(64, ge=1, description="pinned host staging buffer for cold-tier transfers")
 
 
 class ServerSettings(BaseSettings):
@@ -183,29 +185,39 @@ class ServerSettings(BaseSettings):
 
     model_config = _config("server")
 
-    host: str = Field("127.0.0.1", min_length=1, **flag("listen address", metavar="H"))
-    port: Int = Field(8080, ge=1, le=65535, **flag("listen port"))
+    host: str = Field(
+        "127.0.0.1", min_length=1, description="listen address", json_schema_extra=cli(metavar="H")
+    )
+    port: Int = Field(8080, ge=1, le=65535, description="listen port")
     api_key: SecretStr | None = Field(
-        None, min_length=1, **flag("required bearer or x-api-key value", metavar="KEY")
+        None,
+        min_length=1,
+        description="required bearer or x-api-key value",
+        json_schema_extra=cli(metavar="KEY"),
     )
     model_id: str | None = Field(
         None,
         min_length=1,
-        **flag("override the public OpenAI model alias", metavar="ID", shown="artifact identity.model_id"),
+        description="override the public OpenAI model alias",
+        json_schema_extra=cli(metavar="ID", shown="artifact identity.model_id"),
     )
-    cors: bool = Field(False, **flag("permissive browser CORS headers"))
+    cors: bool = Field(False, description="permissive browser CORS headers")
     client_compat: bool = Field(  # api/compat.py
         False,
-        **flag("accept, ignore or map the extra fields real clients send (recorded per request)"),
+        description="accept, ignore or map the extra fields real clients send (recorded per request)",
     )
-    max_request_mib: Int = Field(384, ge=1, **flag("body-size limit before JSON parsing"))
-    response_store_max_records: Int = Field(1024, ge=1, **flag("maximum locally retained Responses objects"))
+    max_request_mib: Int = Field(384, ge=1, description="body-size limit before JSON parsing")
+    response_store_max_records: Int = Field(
+        1024, ge=1, description="maximum locally retained Responses objects"
+    )
     response_store_max_mib: Int = Field(
-        256, ge=1, **flag("total local Response envelope/Item/context budget")
+        256, ge=1, description="total local Response envelope/Item/context budget"
     )
     drain_timeout_s: Float = Field(30.0, ge=0.0, allow_inf_nan=False)  # graceful-shutdown wait
     metrics_open: bool = Field(  # for a scraper on a private network
-        False, **flag("serve GET /metrics without the API key", shown="follows --api-key")
+        False,
+        description="serve GET /metrics without the API key",
+        json_schema_extra=cli(shown="follows --api-key"),
     )
     # a started request's head must arrive within header_timeout_s, its body within body_timeout_s
     # after the head (else 408); an idle connection is closed after keepalive_s
@@ -220,30 +232,33 @@ class SamplingSettings(BaseSettings):
     model_config = _config("sampling")
 
     temperature: Float | None = Field(
-        None, ge=0.0, le=2.0, allow_inf_nan=False, **flag("process-level temperature override")
+        None, ge=0.0, le=2.0, allow_inf_nan=False, description="process-level temperature override"
     )
     top_p: Float | None = Field(
-        None, ge=0.0, le=1.0, allow_inf_nan=False, **flag("process-level top-p override")
+        None, ge=0.0, le=1.0, allow_inf_nan=False, description="process-level top-p override"
     )
-    top_k: Int | None = Field(None, ge=0, **flag("process-level top-k override"))  # 0 = no cut
+    top_k: Int | None = Field(None, ge=0, description="process-level top-k override")  # 0 = no cut
     min_p: Float | None = Field(
-        None, ge=0.0, le=1.0, allow_inf_nan=False, **flag("process-level min-p override")
+        None, ge=0.0, le=1.0, allow_inf_nan=False, description="process-level min-p override"
     )
     presence_penalty: Float | None = Field(
-        None, ge=-2.0, le=2.0, allow_inf_nan=False, **flag("process-level presence-penalty override")
+        None, ge=-2.0, le=2.0, allow_inf_nan=False, description="process-level presence-penalty override"
     )
     frequency_penalty: Float | None = Field(
-        None, ge=-2.0, le=2.0, allow_inf_nan=False, **flag("process-level frequency-penalty override")
+        None, ge=-2.0, le=2.0, allow_inf_nan=False, description="process-level frequency-penalty override"
     )
     seed: Int | None = Field(
         None,
         ge=0,
         le=MAX_SEED,
-        **flag("fixed seed when a request omits one", shown="fresh random seed per request"),
+        description="fixed seed when a request omits one",
+        json_schema_extra=cli(shown="fresh random seed per request"),
     )
-    greedy: bool = Field(False, **flag("force exact argmax for all requests"))
-    no_thinking: bool = Field(False, **flag("disable thinking by default", shown="thinking on"))
-    preserve_thinking: bool = Field(False, **flag("preserve closed-turn assistant reasoning by default"))
+    greedy: bool = Field(False, description="force exact argmax for all requests")
+    no_thinking: bool = Field(
+        False, description="disable thinking by default", json_schema_extra=cli(shown="thinking on")
+    )
+    preserve_thinking: bool = Field(False, description="preserve closed-turn assistant reasoning by default")
 
 
 class LoggingSettings(BaseSettings):
@@ -252,15 +267,16 @@ class LoggingSettings(BaseSettings):
     model_config = _config("logging")
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
-        "INFO", **flag("console log level", metavar="LEVEL")
+        "INFO", description="console log level", json_schema_extra=cli(metavar="LEVEL")
     )
     request_log_jsonl: str | None = Field(
         None,
         min_length=1,
-        **flag("append full-precision server/request records", metavar="FILE", shown="disabled"),
+        description="append full-precision server/request records",
+        json_schema_extra=cli(metavar="FILE", shown="disabled"),
     )
     log_stats_interval_ms: Int = Field(
-        5000, ge=0, **flag("aggregate throughput report interval; 0 disables it")
+        5000, ge=0, description="aggregate throughput report interval; 0 disables it"
     )
 
 

@@ -196,7 +196,7 @@ def _base_tree(choices: tuple[str, ...]) -> dict[str, Any]:
 
     tree = OmegaConf.to_container(_compose(list(choices)), resolve=False)
     assert isinstance(tree, dict)
-    return tree
+    return {str(k): v for k, v in tree.items()}
 
 
 def _composed(overrides: list[str]) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ninfer.engine.api import StepOutput, TokenLogprob
+from ninfer.engine.api import FinishReason, StepOutput, TokenLogprob
 from ninfer.engine.counters import Counters
 from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.plan import DecodePlan, PrefillPlan, StepResult
@@ -91,7 +91,7 @@ class Committer:
         self.scheduler.commit(seq, token)
         try:
             text, hit = seq.stops.push(token)
-            finish = None
+            finish: FinishReason | None = None
             if hit is not None:
                 finish = "stop"
             elif len(seq.generated) >= seq.entitlement:

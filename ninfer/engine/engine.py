@@ -313,9 +313,11 @@ class Engine:
                 self._seqs[seq.id] = seq
                 sched.enqueue(seq)
             for sid in cancels:
-                seq = self._seqs.get(sid)
-                if seq is not None:
-                    self._retire.end(seq, StepOutput(token_ids=(), finish_reason="cancelled"), keep=False)
+                cancelled = self._seqs.get(sid)
+                if cancelled is not None:
+                    self._retire.end(
+                        cancelled, StepOutput(token_ids=(), finish_reason="cancelled"), keep=False
+                    )
             now = time.monotonic()
             if drain_deadline is not None:
                 if now >= drain_deadline:

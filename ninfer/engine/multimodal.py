@@ -90,7 +90,8 @@ class MultimodalPrompt:
         out = []
         for s in self.spans:
             m = self.items[s.item]
-            out.append(SpanKey(s.start, s.length, s.frame, m.digest, m.modality, tuple(m.grid_thw)))
+            t, h, w = m.grid_thw
+            out.append(SpanKey(s.start, s.length, s.frame, m.digest, m.modality, (t, h, w)))
         return tuple(out)
 
     def close(self) -> None:

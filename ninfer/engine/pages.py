@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ninfer.model.config import PAGE_SIZE as PAGE  # tokens per KV page
+from ninfer.model.config import PAGE_SIZE
+
+PAGE = PAGE_SIZE  # tokens per KV page
 
 
 def pages_for(tokens: int) -> int:

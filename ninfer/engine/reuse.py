@@ -70,7 +70,8 @@ class Tier(Protocol):
     """A cold tier (`ninfer.engine.cold_tier.ColdTier`): parks an evicted lane, finds and restores
     a parked image for a prompt."""
 
-    store: TierStore
+    @property
+    def store(self) -> TierStore: ...
 
     def park(self, lane: Lane) -> bool: ...
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 import falcon
 
@@ -52,15 +54,8 @@ class MetricsResource:
         resp.data = self._render()
 
 
-def _route_modules() -> list[object]:
-    mods = []
-    for name in ROUTE_MODULES:
-        try:
-            mods.append(importlib.import_module(name))
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-    return mods
+def _route_modules() -> list[ModuleType]:
+    return [importlib.import_module(name) for name in ROUTE_MODULES]
 
 
 def create_app(
@@ -75,8 +70,8 @@ def create_app(
     metrics: Callable[[], bytes] | None = None,
     metrics_open: bool = False,
     observe_http: Callable[[str, str, int], None] | None = None,
-) -> falcon.App:
-    middleware: list[object] = []
+) -> falcon.App[Any, Any]:
+    middleware: list[Any] = []
     counter = HttpCount(observe_http) if observe_http is not None else None
     if counter is not None:
         middleware.append(counter)
@@ -94,7 +89,7 @@ def create_app(
     if metrics is not None:
         routes.append(("/metrics", MetricsResource(metrics, CONTENT_TYPE)))
     for mod in _route_modules():
-        routes.extend(mod.routes(ctx))  # type: ignore[attr-defined]
+        routes.extend(mod.routes(ctx))
     routes.extend(extra_routes or [])
     for path, resource in routes:
         app.add_route(path, resource)

@@ -47,7 +47,7 @@ def serve(
     """Serve until SIGTERM/SIGINT. Exits 2 with one line when the artifact cannot honour the
     settings, 1 when the log or exporter is unusable; a worker that fails before it is ready
     stops the server (gunicorn exits 3)."""
-    from ninfer.artifact.reader import ArtifactError
+    from ninfer.artifact import ArtifactError
     from ninfer.config.errors import ConfigError
     from ninfer.service.gunicorn_app import NinferApplication
     from ninfer.service.runtime import ServiceRuntime, default_engine_factory

@@ -17,11 +17,30 @@ from ninfer.engine.tickets import TicketBook
 class EngineView(EnginePort, Protocol):
     """The loaded engine as the service sees it: lifecycle, occupancy, counters and startup facts."""
 
-    config: EngineConfig  # the resolved narrow config
-    ledger: SizingLedger | None  # KV sizing (None: the engine holds no KV pool)
-    tickets: TicketBook  # live lifetime tickets (running + waiting + releasing)
-    counters: Counters  # throughput counters, taken per report interval
-    error: str | None  # set once the engine thread died
+    @property
+    def config(self) -> EngineConfig:
+        """The resolved narrow config."""
+        ...
+
+    @property
+    def ledger(self) -> SizingLedger | None:
+        """KV sizing (None: the engine holds no KV pool)."""
+        ...
+
+    @property
+    def tickets(self) -> TicketBook:
+        """Live lifetime tickets (running + waiting + releasing)."""
+        ...
+
+    @property
+    def counters(self) -> Counters:
+        """Throughput counters, taken per report interval."""
+        ...
+
+    @property
+    def error(self) -> str | None:
+        """Set once the engine thread died."""
+        ...
 
     def start(self) -> Any: ...
 

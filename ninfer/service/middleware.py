@@ -4,7 +4,7 @@ parsing), error rendering."""
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import falcon
@@ -125,7 +125,8 @@ def handle_http_error(req: falcon.Request, resp: falcon.Response, ex: falcon.HTT
     if status == 404:
         message = f"no route for {req.method} {req.path}"
     render_error(resp, req.path, ApiError(status, code, message))
-    for name, value in (ex.headers or {}).items():
+    headers = ex.headers or {}
+    for name, value in headers.items() if isinstance(headers, Mapping) else headers:
         resp.set_header(name, value)
 
 
@@ -134,7 +135,7 @@ def handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception,
     render_error(resp, req.path, internal(f"internal error: {type(ex).__name__}"))
 
 
-def install_error_handlers(app: falcon.App) -> None:
+def install_error_handlers(app: falcon.App[Any, Any]) -> None:
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(falcon.HTTPError, handle_http_error)
     app.add_error_handler(ApiError, handle_api_error)

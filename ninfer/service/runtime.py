@@ -161,8 +161,9 @@ class ServiceRuntime:
         engine.start()
         engine.wait_prepared()  # readiness includes warm-up and CUDA graph capture
         graphs = engine.graph_stats()
-        captured = graphs is not None and bool(graphs.batch_sizes)  # CPU or a failed capture: none
-        compile_report = cache.report(compile_s=graphs.capture_s if captured else None)
+        # CPU or a failed capture: no graphs, no seconds claimed
+        capture_s = graphs.capture_s if graphs is not None and graphs.batch_sizes else None
+        compile_report = cache.report(compile_s=capture_s)
         config = PipelineConfig(self.options.max_context, self.options.default_max_tokens)
         pipeline = Pipeline(engine, prompts, self.recorder, config, self.next_request_id)
         self.ctx.model_id = self.options.model_id or artifact.model_id

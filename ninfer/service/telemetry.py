@@ -9,6 +9,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.propagators.textmap import Getter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
@@ -121,7 +122,7 @@ class Tracing:
             self.provider.shutdown()
 
 
-class _EnvironGetter:
+class _EnvironGetter(Getter[dict[str, Any]]):
     """Reads W3C trace-context headers from a WSGI environ (`traceparent` -> HTTP_TRACEPARENT)."""
 
     def get(self, carrier: dict[str, Any], key: str) -> list[str] | None:

@@ -49,7 +49,11 @@ def _drafter(model, head, k: int, graphs: bool) -> MTPDrafter:
     if graphs:
         backend = EagerCapture()
         stats = d.prepare(backend)
-        assert stats is not None and stats.error is None and backend.captured == list(range(LANES, 0, -1))
+        assert (
+            stats is not None
+            and stats.error is None
+            and backend.captured == [(b, 1) for b in range(LANES, 0, -1)]
+        )
         assert backend.segments == [k] * LANES  # one graph per draft step, launched while the last runs
     return d
 

@@ -30,7 +30,8 @@ import torch
 from ninfer.engine.graphs import CaptureBackend, EagerCapture, GraphStats
 from ninfer.engine.step_io import host_buffer
 from ninfer.kernels.launch_scope import for_step, pdl_allowed
-from ninfer.model.cache import PAGE_SIZE, ForwardBatch, KVPool
+from ninfer.model.cache import ForwardBatch, KVPool
+from ninfer.model.config import PAGE_SIZE
 
 log = logging.getLogger("ninfer.engine.speculative.draft_graphs")
 
@@ -161,7 +162,7 @@ class DraftGraphs:
         self.static[b] = flat
         self.rope[b] = rope
         if isinstance(self.backend, EagerCapture):
-            self.backend.captured.append(b)
+            self.backend.captured.append((b, 1))
 
     def _install_cut(self, cut: Callable[[], None] | None) -> None:
         self._cut = cut

@@ -228,7 +228,7 @@ class MTPDrafter:
             for j, i in enumerate(idx):
                 out[i] = h[j]
                 self.pending[rows[i].slot] = Pending(rows[i].position)
-        return torch.stack(out)  # type: ignore[arg-type]
+        return torch.stack(out)
 
     def propose(self, rows: list[DecodeRow], k: int) -> list[Proposal]:
         """k drafts per row: step 1 from the trunk's hidden rows, steps 2..k from the MTP's own output.
