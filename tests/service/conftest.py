@@ -226,10 +226,17 @@ def start_scripted(tmp: Path, cache: Path, *extra: str) -> Server:
 
 @pytest.fixture(scope="package")
 def scripted_server(tmp_path_factory: pytest.TempPathFactory, demo_cache: Path) -> Iterator[Server]:
-    """The scripted engine (fixed reply ids, the real stop handling) behind the same service, with
-    --client-compat (the agent SDK's strict tools need it; nothing test_scripted sends changes),
-    shared by test_scripted.py and test_agent_clients.py."""
-    srv = start_scripted(tmp_path_factory.mktemp("scripted"), demo_cache, "server.client_compat=true")
+    """The scripted engine (fixed reply ids, the real stop handling) behind the same service, in
+    the contract's strict mode; shared by the package's modules (test_scripted, test_responses)."""
+    srv = start_scripted(tmp_path_factory.mktemp("scripted"), demo_cache)
+    yield srv
+    assert stop_server(srv) == 0, srv.stderr_path.read_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def scripted_compat_server(tmp_path_factory: pytest.TempPathFactory, demo_cache: Path) -> Iterator[Server]:
+    """The scripted engine with --client-compat (the agent SDK's strict tools need it)."""
+    srv = start_scripted(tmp_path_factory.mktemp("scripted-compat"), demo_cache, "server.client_compat=true")
     yield srv
     assert stop_server(srv) == 0, srv.stderr_path.read_text()[-3000:]
 

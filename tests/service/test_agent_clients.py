@@ -1,6 +1,6 @@
 """openai-agents (the OpenAI Agents SDK) runs a tool-using agent against the server.
 
-The package's `scripted_server` runs the scripted engine (`fake_engine.py`) with
+`scripted_compat_server` runs the scripted engine (`fake_engine.py`) with
 `--client-compat`: offered a weather tool it calls `get_weather` with `{"city": "Paris"}`, and once
 the last turn holds the tool's result it answers in plain text, so every run is exactly two
 generations (a tool call, then the final answer). Both model classes run, each whole and streamed: `OpenAIChatCompletionsModel` over
@@ -71,7 +71,8 @@ async def _run(url: str, api: str, stream: bool, cities: list[str]) -> str:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("api", ["chat", "responses"])
-def test_tool_using_agent_run(scripted_server: Server, api: str, stream: bool) -> None:
+def test_tool_using_agent_run(scripted_compat_server: Server, api: str, stream: bool) -> None:
+    scripted_server = scripted_compat_server
     traffic = Traffic(scripted_server)
     cities: list[str] = []
     assert asyncio.run(_run(scripted_server.url, api, stream, cities)) == ANSWER
