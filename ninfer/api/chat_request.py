@@ -12,6 +12,7 @@ from ninfer.api.context import ApiContext
 from ninfer.api.errors import invalid, unsupported
 from ninfer.api.events import GenerationJob
 from ninfer.api.parse_guard import guarded
+from ninfer.api.tool_control import ToolControl, answer_constraint
 from ninfer.engine.api import ConstraintSpec, SamplingParams
 from ninfer.frontend.conversation import Conversation, ImagePart, Message, TextPart, Tool, ToolCall, VideoPart
 from ninfer.frontend.options import RequestOptions
@@ -125,19 +126,37 @@ def _tools(body: dict[str, Any]) -> list[Tool]:
         if tool.get("type") != "function":
             raise unsupported(f"{p}.type", "only function tools are supported")
         fn = f.as_dict(tool.get("function"), f"{p}.function")
-        if fn.get("strict") is True:
-            raise unsupported(f"{p}.function.strict", "strict schemas are not enforced by this server")
+        strict = bool(f.opt_bool(fn, "strict", f"{p}.function.strict"))
         params = f.opt_dict(fn, "parameters", f"{p}.function.parameters")
         desc = f.opt_str(fn, "description", f"{p}.function.description")
-        tools.append(Tool(f.req_str(fn, "name", f"{p}.function.name"), desc, params))
+        tools.append(Tool(f.req_str(fn, "name", f"{p}.function.name"), desc, params, strict))
     return tools
+
+
+def _tool_control(body: dict[str, Any]) -> ToolControl:
+    """`tool_choice` ("auto", "none", "required", {"type": "function", "function": {"name"}})
+    and `parallel_tool_calls`."""
+    parallel = f.opt_bool(body, "parallel_tool_calls") is not False
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("auto", "none", "required"):
+        return ToolControl(mode=choice or "auto", parallel=parallel)
+    if not isinstance(choice, dict):
+        raise invalid(
+            "tool_choice",
+            "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
+            "invalid_value",
+        )
+    if choice.get("type") != "function":
+        raise unsupported("tool_choice.type", f"tool_choice type {choice.get('type')!r} is not supported")
+    fn = f.as_dict(choice.get("function"), "tool_choice.function")
+    return ToolControl(
+        mode="named", name=f.req_str(fn, "name", "tool_choice.function.name"), parallel=parallel
+    )
 
 
 def _check_unsupported(body: dict[str, Any]) -> None:
     if f.opt_int(body, "n", 1) not in (None, 1):
         raise unsupported("n", "only n=1 is supported")
-    if f.opt_bool(body, "parallel_tool_calls") is False:
-        raise unsupported("parallel_tool_calls", "parallel_tool_calls=false is not supported")
     f.opt_str(body, "user")
 
 
@@ -209,14 +228,13 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
     f.reject_unknown(options or {}, ("include_usage", "include_obfuscation"), "stream_options.")
     include_usage = bool(f.opt_bool(options or {}, "include_usage", "stream_options.include_usage"))
     _check_unsupported(body)
-    tools = _tools(body)
-    choice = body.get("tool_choice")
-    if choice not in (None, "auto", "none"):
-        raise unsupported("tool_choice", "tool_choice must be 'auto' or 'none'")
-    if choice == "none":
-        tools = []
+    control = _tool_control(body)
+    tools = control.offered(_tools(body))
+    control.check(tools)
+    text = response_format(f.opt_dict(body, "response_format"), "response_format")
     job = GenerationJob(
-        constraint=response_format(f.opt_dict(body, "response_format"), "response_format"),
+        constraint=answer_constraint(tools, control, text),
+        constraint_parts=(text,) if text is not None else (),
         protocol="chat_completions",
         conversation=Conversation(messages=messages, tools=tools),
         controls=_controls(body),

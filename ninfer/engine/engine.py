@@ -31,6 +31,7 @@ from ninfer.engine.cold_tier import build_cold_tier, lane_pools
 from ninfer.engine.commit import Committer
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.counters import Counters
+from ninfer.engine.grammar import GrammarUnavailable
 from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.intake import prepare
 from ninfer.engine.multimodal import MediaEncoder
@@ -190,9 +191,13 @@ class Engine:
 
     def check_constraint(self, spec: ConstraintSpec) -> None:
         """Compile (and cache) a request's grammar on the caller's thread, before admission;
-        raises `GrammarError` (or ValueError when this engine has no grammar support)."""
+        raises `GrammarError` (`GrammarUnavailable` when this engine cannot constrain output)."""
         if self.grammars is None:
-            raise ValueError("constrained output needs an engine with a tokenizer")
+            raise GrammarUnavailable(spec.param, "constrained output needs an engine with a tokenizer")
+        if self.spec is not None:
+            raise GrammarUnavailable(
+                spec.param, "constrained output is not available with speculative decoding"
+            )
         self.grammars.compiled(spec)
 
     def reserve(self) -> Ticket:
