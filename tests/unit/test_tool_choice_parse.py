@@ -170,3 +170,30 @@ def test_messages_errors_name_the_field(patch: dict[str, Any], param: str) -> No
         messages(**patch)
     assert exc.value.status == 400 and exc.value.param == param, exc.value.message
     assert exc.value.body("anthropic")["error"]["type"] == "invalid_request_error"
+
+
+def test_an_engine_that_cannot_constrain_drops_only_a_compat_auto_constraint() -> None:
+    from ninfer.api.pipeline import Pipeline, PipelineConfig
+
+    class NoGrammars:  # a speculative engine: compiles nothing
+        def check_constraint(self, spec: Any) -> None:
+            from ninfer.engine.grammar import GrammarUnavailable
+
+            raise GrammarUnavailable(spec.param, "not with speculative decoding")
+
+    pipeline = Pipeline(NoGrammars(), None, None, PipelineConfig(64, 16), lambda: 1)  # type: ignore[arg-type]
+    strict = [{**MSG_TOOL, "strict": True}]
+    job = messages_request.parse({**MESSAGES, "tools": strict}, ApiContext(client_compat=True)).job
+    assert job.constraint is not None and job.constraint_fallback
+    kept = pipeline._check_constraint(job)
+    assert (
+        kept.constraint is None
+        and kept.compat[-1]["action"] == "mapped"
+        and kept.compat[-1]["param"] == "tools"
+    )
+    with pytest.raises(ApiError) as exc:  # the strict contract refuses instead
+        pipeline._check_constraint(messages(tools=strict))
+    assert exc.value.status == 400 and exc.value.param == "tools"
+    with pytest.raises(ApiError):  # forced calls are never dropped, compat or not
+        forced = {**MESSAGES, "tool_choice": {"type": "any"}}
+        pipeline._check_constraint(messages_request.parse(forced, ApiContext(client_compat=True)).job)
