@@ -13,6 +13,7 @@ from ninfer.api.context import ApiContext
 from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.events import GenerationJob
 from ninfer.api.parse_guard import guarded
+from ninfer.api.tool_control import ToolControl, answer_constraint, fallback
 from ninfer.engine.api import ConstraintSpec, SamplingParams
 from ninfer.frontend.conversation import Conversation, ImagePart, Message, TextPart, Tool, ToolCall, VideoPart
 from ninfer.frontend.options import RequestOptions
@@ -124,20 +125,16 @@ def _message(msg: dict[str, Any], p: str, ctx: ApiContext) -> Message:
     raise invalid(f"{p}.role", f"unsupported role {role!r}", "invalid_value")
 
 
-def _tools(body: dict[str, Any], compat: Compat) -> list[Tool]:
+def _tools(body: dict[str, Any]) -> list[Tool]:
     tools = []
     for p, tool in f.objects(f.opt_list(body, "tools") or [], "tools"):
         if tool.get("type") != "function":
             raise unsupported(f"{p}.type", "only function tools are supported")
         fn = f.as_dict(tool.get("function"), f"{p}.function")
-        if fn.get("strict") is True:
-            error = unsupported(f"{p}.function.strict", "strict schemas are not enforced by this server")
-            compat.map(
-                f"{p}.function.strict", error, "strict: true -> false (arguments are not schema-enforced)"
-            )
+        strict = bool(f.opt_bool(fn, "strict", f"{p}.function.strict"))
         params = f.opt_dict(fn, "parameters", f"{p}.function.parameters")
         desc = f.opt_str(fn, "description", f"{p}.function.description")
-        tools.append(Tool(f.req_str(fn, "name", f"{p}.function.name"), desc, params))
+        tools.append(Tool(f.req_str(fn, "name", f"{p}.function.name"), desc, params, strict))
     return tools
 
 
@@ -152,12 +149,30 @@ def _unknown_fields(body: dict[str, Any], compat: Compat) -> None:
             compat.ignore(key, unknown_parameter(key))
 
 
-def _check_unsupported(body: dict[str, Any], compat: Compat) -> None:
+def _tool_control(body: dict[str, Any]) -> ToolControl:
+    """`tool_choice` ("auto", "none", "required", {"type": "function", "function": {"name"}})
+    and `parallel_tool_calls`."""
+    parallel = f.opt_bool(body, "parallel_tool_calls") is not False
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("auto", "none", "required"):
+        return ToolControl(mode=choice or "auto", parallel=parallel)
+    if not isinstance(choice, dict):
+        raise invalid(
+            "tool_choice",
+            "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
+            "invalid_value",
+        )
+    if choice.get("type") != "function":
+        raise unsupported("tool_choice.type", f"tool_choice type {choice.get('type')!r} is not supported")
+    fn = f.as_dict(choice.get("function"), "tool_choice.function")
+    return ToolControl(
+        mode="named", name=f.req_str(fn, "name", "tool_choice.function.name"), parallel=parallel
+    )
+
+
+def _check_unsupported(body: dict[str, Any]) -> None:
     if f.opt_int(body, "n", 1) not in (None, 1):
         raise unsupported("n", "only n=1 is supported")
-    if f.opt_bool(body, "parallel_tool_calls") is False:
-        error = unsupported("parallel_tool_calls", "parallel_tool_calls=false is not supported")
-        compat.ignore("parallel_tool_calls", error, "false ignored; several calls may still be parsed")
     f.opt_str(body, "user")
 
 
@@ -229,15 +244,15 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
         raise invalid("stream_options", "stream_options is only allowed with stream=true")
     f.reject_unknown(options or {}, ("include_usage", "include_obfuscation"), "stream_options.")
     include_usage = bool(f.opt_bool(options or {}, "include_usage", "stream_options.include_usage"))
-    _check_unsupported(body, compat)
-    tools = _tools(body, compat)
-    choice = body.get("tool_choice")
-    if choice not in (None, "auto", "none"):
-        raise unsupported("tool_choice", "tool_choice must be 'auto' or 'none'")
-    if choice == "none":
-        tools = []
+    _check_unsupported(body)
+    control = _tool_control(body)
+    tools = control.offered(_tools(body))
+    control.check(tools)
+    text = response_format(f.opt_dict(body, "response_format"), "response_format")
     job = GenerationJob(
-        constraint=response_format(f.opt_dict(body, "response_format"), "response_format"),
+        constraint=answer_constraint(tools, control, text),
+        constraint_parts=(text,) if text is not None else (),
+        constraint_fallback=fallback(control, text, compat.enabled),
         protocol="chat_completions",
         conversation=Conversation(messages=messages, tools=tools),
         controls=_controls(body),

@@ -98,4 +98,8 @@ class GenerationJob:
     # legacy completions: the prompt's token ids as given (no chat template; thinking off)
     raw_prompt: tuple[int, ...] | None = None
     constraint: ConstraintSpec | None = None  # a grammar for the answer (response_format, tools)
+    # formats folded into `constraint`, compiled first so a refused schema names its own field
+    constraint_parts: tuple[ConstraintSpec, ...] = ()
+    # --client-compat: an engine that cannot constrain drops `constraint`, recording this detail
+    constraint_fallback: str | None = None
     client_request_id: str | None = None  # the caller's `x-request-id` (logged with the request)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,8 @@ from ninfer.api.context import ApiContext
 from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.events import GenerationJob
 from ninfer.api.parse_guard import guarded
-from ninfer.engine.api import SamplingParams
+from ninfer.api.tool_control import ToolControl, answer_constraint, fallback
+from ninfer.engine.api import ConstraintSpec, SamplingParams
 from ninfer.frontend.conversation import (
     Conversation,
     ImagePart,
@@ -186,7 +188,9 @@ def conversation(body: dict[str, Any], ctx: ApiContext, compat: Compat) -> tuple
         else:
             raise invalid(f"{p}.role", f"unsupported role {role!r}", "invalid_value")
     _check_system_placement(roles)
-    tools = _tools(body, compat)
+    control = tool_control(body)
+    tools = control.offered(_tools(body, compat))
+    control.check(tools)
     _note_cache_control(body, compat)
     return Conversation(messages=out, tools=tools), len(raw_messages)
 
@@ -217,12 +221,44 @@ def _tools(body: dict[str, Any], compat: Compat) -> list[Tool]:
                 f.req_str(tool, "name", f"{p}.name"),
                 f.opt_str(tool, "description", f"{p}.description"),
                 schema,
+                bool(f.opt_bool(tool, "strict", f"{p}.strict")),
             )
         )
+    return tools
+
+
+def tool_control(body: dict[str, Any]) -> ToolControl:
+    """`tool_choice` {"type": auto | any | tool | none, "name", "disable_parallel_tool_use"}."""
     choice = f.opt_dict(body, "tool_choice")
-    if choice is not None and choice.get("type") not in ("auto", "none"):
-        raise unsupported("tool_choice", "tool_choice must be {'type': 'auto'} or {'type': 'none'}")
-    return [] if choice is not None and choice.get("type") == "none" else tools
+    if choice is None:
+        return ToolControl()
+    f.reject_unknown(choice, ("type", "name", "disable_parallel_tool_use"), "tool_choice.")
+    single = f.opt_bool(choice, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use")
+    parallel = not single
+    kind = choice.get("type")
+    if kind in ("auto", "none"):
+        return ToolControl(mode=kind, parallel=parallel)
+    if kind == "any":
+        return ToolControl(mode="required", parallel=parallel)
+    if kind == "tool":
+        return ToolControl(
+            mode="named", name=f.req_str(choice, "name", "tool_choice.name"), parallel=parallel
+        )
+    raise invalid("tool_choice.type", "tool_choice.type must be auto, any, tool or none", "invalid_value")
+
+
+def output_format(body: dict[str, Any]) -> ConstraintSpec | None:
+    """`output_config.format` {"type": "json_schema", "schema"} -> the answer's format."""
+    fmt = f.opt_dict(f.opt_dict(body, "output_config") or {}, "format", "output_config.format")
+    if fmt is None:
+        return None
+    f.reject_unknown(fmt, ("type", "schema"), "output_config.format.")
+    if fmt.get("type") != "json_schema":
+        raise invalid(
+            "output_config.format.type", "output_config.format.type must be 'json_schema'", "invalid_value"
+        )
+    schema = f.as_dict(fmt.get("schema"), "output_config.format.schema")
+    return ConstraintSpec("json_schema", json.dumps(schema), strict=True, param="output_config.format.schema")
 
 
 def _thinking(body: dict[str, Any], compat: Compat) -> str | None:
@@ -242,7 +278,7 @@ def _thinking(body: dict[str, Any], compat: Compat) -> str | None:
 def _effort(body: dict[str, Any], ctx: ApiContext, compat: Compat) -> tuple[str | None, bool]:
     """The effort to resolve and whether compatibility mapping turned thinking on."""
     config = f.opt_dict(body, "output_config") or {}
-    f.reject_unknown(config, ("effort",), "output_config.")
+    f.reject_unknown(config, ("effort", "format"), "output_config.")
     effort = f.opt_str(config, "effort", "output_config.effort")
     if effort is not None and effort not in EFFORTS:
         raise invalid("output_config.effort", f"effort must be one of {', '.join(EFFORTS)}", "invalid_value")
@@ -311,7 +347,12 @@ def parse(body: dict[str, Any], ctx: ApiContext, compat: Compat | None = None) -
         stop=f.stop_list(body, "stop_sequences"),
     )
     media = sum(1 for m in conv.messages for p in m.parts if isinstance(p, ImagePart | VideoPart))
+    text = output_format(body)
+    control = tool_control(body)
     job = GenerationJob(
+        constraint=answer_constraint(conv.tools, control, text),
+        constraint_parts=(text,) if text is not None else (),
+        constraint_fallback=fallback(control, text, compat.enabled),
         protocol="messages",
         conversation=conv,
         controls=controls(body, ctx, compat),

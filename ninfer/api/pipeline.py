@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ninfer.api.errors import ApiError, internal, invalid
+from ninfer.api.errors import ApiError, internal, invalid, unsupported
 from ninfer.api.events import Event, Finished, FinishKind, GenerationJob, LogprobsDelta, Usage
 from ninfer.api.ports import EnginePort, Handle, Observer, OutputDecoder, Prepared, PromptPort
 from ninfer.engine.api import (
@@ -21,7 +21,7 @@ from ninfer.engine.api import (
     RequestStats,
     StepOutput,
 )
-from ninfer.engine.grammar import GrammarError
+from ninfer.engine.grammar import GrammarError, GrammarUnavailable
 from ninfer.engine.tickets import Ticket
 from ninfer.frontend.parser import ParseResult
 
@@ -103,6 +103,20 @@ class Pipeline:
         self.config = config
         self._next_id = next_id
 
+    def _check_constraint(self, job: GenerationJob) -> GenerationJob:
+        """Compile the job's grammars; an engine that cannot constrain drops a constraint the
+        request allows to fall back (`constraint_fallback`, recorded) and refuses any other."""
+        assert job.constraint is not None
+        try:
+            for spec in (*job.constraint_parts, job.constraint):
+                self.engine.check_constraint(spec)
+        except GrammarUnavailable as exc:
+            if job.constraint_fallback is None:
+                raise unsupported(exc.param, exc.message) from None
+            note = {"param": job.constraint.param, "action": "mapped", "detail": job.constraint_fallback}
+            return replace(job, constraint=None, constraint_parts=(), compat=[*job.compat, note])
+        return job
+
     def count_tokens(self, job: GenerationJob) -> int:
         """Prompt tokens of a job without generating (not a measurement request)."""
         prepared = self.prompts.prepare(job.conversation, job.controls, bool(job.shape.get("tools")))
@@ -128,7 +142,7 @@ class Pipeline:
         try:
             self.prompts.check_options(job.controls)  # a 400 of its own, not a 429 under load
             if job.constraint is not None:  # compiled (cached) before admission: a bad schema is a 400
-                self.engine.check_constraint(job.constraint)
+                job = self._check_constraint(job)
             ticket = self.engine.reserve()
             # media preparation shares the request's admission deadline
             if job.raw_prompt is not None:  # legacy completions: no template, plain text out

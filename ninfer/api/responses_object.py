@@ -34,7 +34,9 @@ class Envelope:
     temperature: float | None = None
     top_p: float | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
-    tool_choice: str = "auto"
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
     reasoning_effort: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     store: bool = True
@@ -62,14 +64,14 @@ class Envelope:
             "metadata": dict(self.metadata),
             "model": self.model,
             "output": list(output or []),
-            "parallel_tool_calls": True,
+            "parallel_tool_calls": self.parallel_tool_calls,
             "previous_response_id": self.previous_response_id,
             "reasoning": {"effort": self.reasoning_effort, "summary": None},
             "service_tier": "default",
             "store": self.store,
             "temperature": self.temperature,
-            "text": {"format": {"type": "text"}},
-            "tool_choice": self.tool_choice,
+            "text": {"format": dict(self.text_format)},
+            "tool_choice": dict(self.tool_choice) if isinstance(self.tool_choice, dict) else self.tool_choice,
             "tools": [dict(t) for t in self.tools],
             "top_logprobs": 0,
             "top_p": self.top_p,

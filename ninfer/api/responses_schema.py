@@ -11,10 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.api import fields as f
+from ninfer.api.chat_request import schema_constraint
 from ninfer.api.compat import Compat
 from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.parse_guard import guarded
 from ninfer.api.responses_items import normalize_input, unsupported_value
+from ninfer.api.tool_control import ToolControl
+from ninfer.engine.api import ConstraintSpec
 from ninfer.frontend.conversation import Tool
 
 KNOWN = (
@@ -59,7 +62,10 @@ class CreateRequest:
     preserve_thinking: bool | None = None  # explicit value from either spelling, else None
     tools: list[Tool] = field(default_factory=list)
     tool_defs: list[dict[str, Any]] = field(default_factory=list)  # normalized echo for the Response
-    tool_choice: str = "auto"
+    tool_choice: str | dict[str, Any] = "auto"  # echoed in the Response
+    tool_control: ToolControl = field(default_factory=ToolControl)
+    text_format: ConstraintSpec | None = None  # text.format json_object / json_schema
+    text_echo: dict[str, Any] = field(default_factory=lambda: {"type": "text"})  # the Response's text.format
     compat: Compat = field(default_factory=Compat)
 
 
@@ -92,30 +98,67 @@ def _tools(body: dict[str, Any], compat: Compat) -> tuple[list[Tool], list[dict[
         for key, value in tool.items():
             if key not in ("type", "name", "description", "parameters", "strict") and value is not None:
                 raise unknown_parameter(f"{p}.{key}")
-        if f.opt_bool(tool, "strict", f"{p}.strict"):
-            error = unsupported_value(f"{p}.strict", "strict schemas are not enforced by this server")
-            compat.map(f"{p}.strict", error, "strict: true -> false (arguments are not schema-enforced)")
+        strict = bool(f.opt_bool(tool, "strict", f"{p}.strict"))
         name = f.req_str(tool, "name", f"{p}.name")
         if any(t.name == name for t in tools):
             raise invalid(f"{p}.name", f"duplicate function name {name!r}", "invalid_value")
         desc = f.opt_str(tool, "description", f"{p}.description")
         params = f.opt_dict(tool, "parameters", f"{p}.parameters")
-        tools.append(Tool(name, desc, params))
+        tools.append(Tool(name, desc, params, strict))
         defs.append(
-            {"type": "function", "name": name, "description": desc, "parameters": params, "strict": False}
+            {"type": "function", "name": name, "description": desc, "parameters": params, "strict": strict}
         )
     return tools, defs
 
 
-def _tool_choice(body: dict[str, Any]) -> str:
+def _tool_choice(body: dict[str, Any], tools: list[Tool]) -> tuple[ToolControl, str | dict[str, Any]]:
+    """`tool_choice` ("auto", "none", "required", {"type": "function", "name"}) and
+    `parallel_tool_calls` -> the control and the Response's echo of the choice."""
+    parallel = f.opt_bool(body, "parallel_tool_calls") is not False
     choice = body.get("tool_choice")
-    if choice is None:
-        return "auto"
-    if choice in ("auto", "none"):
-        return choice
-    if choice == "required" or isinstance(choice, dict):
-        raise unsupported_value("tool_choice", "tool_choice must be 'auto' or 'none'")
-    raise invalid("tool_choice", "tool_choice must be 'auto' or 'none'", "invalid_value")
+    if choice is None or choice in ("auto", "none", "required"):
+        control = ToolControl(mode=choice or "auto", parallel=parallel)
+        echo: str | dict[str, Any] = choice or "auto"
+    elif isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise unsupported_value(
+                "tool_choice", f"tool_choice type {choice.get('type')!r} is not supported"
+            )
+        f.reject_unknown(choice, ("type", "name"), "tool_choice.")
+        name = f.req_str(choice, "name", "tool_choice.name")
+        control, echo = (
+            ToolControl(mode="named", name=name, parallel=parallel),
+            {"type": "function", "name": name},
+        )
+    else:
+        raise invalid(
+            "tool_choice", "tool_choice must be 'auto', 'none', 'required' or a function", "invalid_value"
+        )
+    control.check(control.offered(tools))
+    return control, echo
+
+
+def _text_format(body: dict[str, Any], compat: Compat) -> tuple[ConstraintSpec | None, dict[str, Any]]:
+    """`text.format` (text, json_object, json_schema) -> the answer's format and its echo."""
+    text = f.opt_dict(body, "text") or {}
+    for key, value in text.items():
+        if key != "format" and value is not None:
+            error = unsupported_value(f"text.{key}", f"text.{key} is not supported")
+            if key != "verbosity":
+                raise error
+            compat.ignore("text.verbosity", error)
+    fmt = f.opt_dict(text, "format", "text.format")
+    kind = None if fmt is None else fmt.get("type")
+    if fmt is None or kind == "text":
+        f.reject_unknown(fmt or {}, ("type",), "text.format.")
+        return None, {"type": "text"}
+    if kind == "json_object":
+        f.reject_unknown(fmt, ("type",), "text.format.")
+        return ConstraintSpec("json_object", param="text.format"), {"type": "json_object"}
+    if kind != "json_schema":
+        raise invalid("text.format.type", "text.format.type must be 'text', 'json_object' or 'json_schema'")
+    f.reject_unknown(fmt, ("type", "name", "schema", "description", "strict"), "text.format.")
+    return schema_constraint(fmt, "text.format"), dict(fmt)
 
 
 def _reasoning(body: dict[str, Any], compat: Compat) -> str | None:
@@ -154,19 +197,6 @@ def _preserve(body: dict[str, Any]) -> bool | None:
 
 
 def _check_unsupported(body: dict[str, Any], stream: bool, compat: Compat) -> None:
-    text = f.opt_dict(body, "text") or {}
-    for key, value in text.items():
-        if key != "format" and value is not None:
-            error = unsupported_value(f"text.{key}", f"text.{key} is not supported")
-            if key != "verbosity":
-                raise error
-            compat.ignore("text.verbosity", error)
-    fmt = f.opt_dict(text, "format", "text.format")
-    if fmt is not None and (fmt.get("type") != "text" or len(fmt) != 1):
-        raise unsupported_value("text.format", "only text.format {'type': 'text'} is supported")
-    if f.opt_bool(body, "parallel_tool_calls") is False:
-        error = unsupported_value("parallel_tool_calls", "parallel_tool_calls must be omitted or true")
-        compat.ignore("parallel_tool_calls", error, "false ignored; several calls may still be parsed")
     truncation = f.opt_str(body, "truncation")
     if truncation not in (None, "disabled"):
         raise unsupported_value("truncation", "truncation must be omitted or 'disabled'")
@@ -218,6 +248,8 @@ def parse_create(body: dict[str, Any], vision: bool, compat: Compat | None = Non
     stream = bool(f.opt_bool(body, "stream"))
     _check_unsupported(body, stream, compat)
     tools, defs = _tools(body, compat)
+    control, choice = _tool_choice(body, tools)
+    text_format, text_echo = _text_format(body, compat)
     store = f.opt_bool(body, "store")
     return CreateRequest(
         model=model,
@@ -234,7 +266,10 @@ def parse_create(body: dict[str, Any], vision: bool, compat: Compat | None = Non
         preserve_thinking=_preserve(body),
         tools=tools,
         tool_defs=defs,
-        tool_choice=_tool_choice(body),
+        tool_choice=choice,
+        tool_control=control,
+        text_format=text_format,
+        text_echo=text_echo,
         compat=compat,
     )
 

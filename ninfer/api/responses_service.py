@@ -19,6 +19,7 @@ from ninfer.api.responses_items import item_ids, media_count, new_id, to_message
 from ninfer.api.responses_object import Envelope
 from ninfer.api.responses_schema import CreateRequest, parse_create, parse_input_tokens
 from ninfer.api.responses_stream import ResponseSequencer, frame
+from ninfer.api.tool_control import answer_constraint, fallback
 from ninfer.engine.api import SamplingParams
 from ninfer.frontend.conversation import Conversation
 from ninfer.frontend.options import RequestOptions
@@ -69,7 +70,7 @@ class ResponsesService:
     def job(self, request: CreateRequest, parent: StoredResponse | None) -> GenerationJob:
         history = parent.context if parent is not None else ()
         messages = to_messages((*history, *request.input_items), request.instructions)
-        tools = request.tools if request.tool_choice != "none" else []
+        tools = request.tool_control.offered(request.tools)
         preserve = request.preserve_thinking
         inherited = parent.preserve_thinking if parent is not None else None
         controls = RequestOptions(
@@ -80,7 +81,11 @@ class ResponsesService:
         params = SamplingParams(
             max_tokens=request.max_output_tokens or 1, temperature=request.temperature, top_p=request.top_p
         )
+        text = request.text_format
         return GenerationJob(
+            constraint=answer_constraint(tools, request.tool_control, text),
+            constraint_parts=(text,) if text is not None else (),
+            constraint_fallback=fallback(request.tool_control, text, request.compat.enabled),
             protocol="responses",
             conversation=Conversation(messages=messages, tools=tools),
             controls=controls,
@@ -110,6 +115,8 @@ class ResponsesService:
             top_p=request.top_p,
             tools=request.tool_defs,
             tool_choice=request.tool_choice,
+            parallel_tool_calls=request.tool_control.parallel,
+            text_format=request.text_echo,
             reasoning_effort=request.effort,
             metadata=request.metadata,
             store=request.store,

@@ -31,7 +31,7 @@ from ninfer.engine.cold_tier import build_cold_tier, lane_pools
 from ninfer.engine.commit import Committer
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.counters import Counters
-from ninfer.engine.grammar import GrammarError, Grammars
+from ninfer.engine.grammar import Grammars, GrammarUnavailable
 from ninfer.engine.graphs import GraphStats
 from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.intake import prepare
@@ -176,9 +176,13 @@ class Engine:
 
     def check_constraint(self, spec: ConstraintSpec) -> None:
         """Compile (and cache) a request's grammar on the caller's thread, before admission;
-        raises `GrammarError` (also when this engine was built without a grammar compiler)."""
+        raises `GrammarError` (`GrammarUnavailable` when this engine cannot constrain output)."""
         if self.grammars is None:
-            raise GrammarError(spec.param, "constrained output is not available (no grammar compiler)")
+            raise GrammarUnavailable(spec.param, "constrained output needs an engine with a tokenizer")
+        if self.spec is not None:
+            raise GrammarUnavailable(
+                spec.param, "constrained output is not available with speculative decoding"
+            )
         self.grammars.compiled(spec)
 
     def reserve(self) -> Ticket:

@@ -34,6 +34,10 @@ class GrammarError(ValueError):
         self.message = message
 
 
+class GrammarUnavailable(GrammarError):
+    """This engine cannot constrain output at all (no tokenizer, or speculative decoding)."""
+
+
 class Grammars:
     """The process's grammar compiler over the model's vocabulary; thread-safe, lazy (the
     tokenizer tables take ~2 s to build, on the first constrained request)."""

@@ -22,8 +22,9 @@ Mapping rules the adapters follow:
   non-object arguments themselves.
 * `tool_call_id` / `name` (tool only): the call a result answers, and optionally the function
   name. The Qwen templates do not print them, but they are kept for the protocols.
-* `Tool(name, description, parameters)`: a function definition; `parameters` is the JSON
-  schema object. The output parser uses it to type generated argument values.
+* `Tool(name, description, parameters, strict)`: a function definition; `parameters` is the
+  JSON schema object. The output parser uses it to type generated argument values; `strict`
+  (not rendered) constrains a generated call's arguments to it (`ninfer.frontend.tool_grammar`).
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class Tool:
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool = False  # generated arguments constrained to `parameters` (not in the prompt)
 
 
 @dataclass

@@ -15,7 +15,10 @@ the markup (the template writes them) and are removed; everything else is the va
 that does not match returns None and the caller flushes it back as text.
 
 Typing: a parameter whose schema type is only ``string`` (or that has no schema) stays the raw
-string. Otherwise the value is read as JSON (Python's ``True``/``False``/``None`` spellings,
+string, except that a value breaking its string schema (enum, const, pattern, format, length)
+only by one whitespace character at either end loses it: a grammar-constrained call (xgrammar's
+``qwen_xml`` style) may put any one whitespace character, not only the newline, between the
+markup and the value. Otherwise the value is read as JSON (Python's ``True``/``False``/``None`` spellings,
 which the Qwen3.5 template writes for scalars, are accepted too) and kept if its JSON type is one
 the schema allows (``integer`` also takes an integral float); if not, the raw string is kept.
 """
@@ -109,25 +112,68 @@ def _read(raw: str) -> tuple[bool, Any]:
         return False, None
 
 
+def _fits(value: str, schema: dict[str, Any]) -> bool:
+    """Whether a string meets the checkable parts of its schema (formats: no outer whitespace)."""
+    if "enum" in schema and value not in schema["enum"]:
+        return False
+    if "const" in schema and value != schema["const"]:
+        return False
+    if "format" in schema and value != value.strip():
+        return False
+    if not schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", len(value)):
+        return False
+    pattern = schema.get("pattern")
+    try:
+        return not isinstance(pattern, str) or re.search(pattern, value) is not None
+    except re.error:
+        return True
+
+
+def _string(raw: str, schema: dict[str, Any]) -> str:
+    """`raw`, or `raw` less one outer whitespace character when only that makes it fit."""
+    if _fits(raw, schema):
+        return raw
+    lead, trail = raw[:1].isspace(), raw[-1:].isspace() and len(raw) > 1
+    for cut in (
+        raw[1:] if lead else None,
+        raw[:-1] if trail else None,
+        raw[1:-1] if lead and trail else None,
+    ):
+        if cut is not None and _fits(cut, schema):
+            return cut
+    return raw
+
+
 def type_value(raw: str, schema: dict[str, Any] | None) -> Any:
     """The typed value of one parameter given its property schema (see the module doc)."""
     if not isinstance(schema, dict):
         return raw
     types = [t for t in _schema_types(schema) if t != "string"]
     if not types:
-        return raw
+        return _string(raw, schema)
     ok, value = _read(raw)
-    if not ok:
-        return raw
-    kind = _json_type(value)
-    for want in types:
-        if want == kind:
-            return value
-        if want == "number" and kind == "integer":
-            return value
-        if want == "integer" and kind == "number" and float(value).is_integer():
-            return int(value)
-    return raw
+    if ok:
+        kind = _json_type(value)
+        for want in types:
+            if want == kind:
+                return value
+            if want == "number" and kind == "integer":
+                return value
+            if want == "integer" and kind == "number" and float(value).is_integer():
+                return int(value)
+    return _string(raw, _string_branch(schema))
+
+
+def _string_branch(schema: dict[str, Any]) -> dict[str, Any]:
+    """The part of a schema that a string value must meet (itself, or its first string
+    alternative); {} when it allows no string."""
+    if "string" in _schema_types(schema) and not any(k in schema for k in ("anyOf", "oneOf")):
+        return schema
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key) or []:
+            if isinstance(sub, dict) and "string" in _schema_types(sub):
+                return _string_branch(sub)
+    return {}
 
 
 def typed_arguments(tool: Tool | None, params: list[tuple[str, str]]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 from ninfer.bootstrap import engine_config
 from ninfer.engine.api import ConstraintSpec, GenerationRequest, QueueTimeout, RequestStats, StepOutput
 from ninfer.engine.counters import Counters
-from ninfer.engine.grammar import GrammarError
+from ninfer.engine.grammar import GrammarUnavailable
 from ninfer.engine.handle import RequestHandle
 from ninfer.engine.scheduler import Snapshot
 from ninfer.engine.stops import StopChecker
@@ -136,7 +136,7 @@ class FakeEngine:
         return True
 
     def check_constraint(self, spec: ConstraintSpec) -> None:
-        raise GrammarError(spec.param, "constrained output is not available (no grammar compiler)")
+        raise GrammarUnavailable(spec.param, "constrained output needs an engine with a tokenizer")
 
     def graph_stats(self) -> None:
         return None

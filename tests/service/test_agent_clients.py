@@ -8,9 +8,9 @@ Chat Completions and `OpenAIResponsesModel` over Responses. Tracing is disabled 
 to OpenAI). Each run must complete with the scripted answer, having run the tool once, with every
 HTTP response a 2xx and both generations done in the request log (`Traffic`).
 
-The SDK's function tools are strict by default (`strict: true` schemas), which this server does
-not enforce: `--client-compat` maps them (recorded on each request); without it they are a 400
-that names the flag (`tests/unit/test_client_compat.py`, on the SDK's Chat request).
+The SDK's function tools are strict by default (`strict: true` schemas), which the server enforces
+with a grammar; the scripted engine cannot constrain output, so `--client-compat` drops that
+constraint and records it on each request (without the flag such an engine answers 400).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from tests.service.conftest import API_KEY, MODEL, Server, Traffic
 
 ANSWER = "Hello from the scripted engine."
 PROTOCOL = {"chat": "chat_completions", "responses": "responses"}
-STRICT_PARAM = {"chat": "tools[0].function.strict", "responses": "tools[0].strict"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -82,4 +81,4 @@ def test_tool_using_agent_run(scripted_compat_server: Server, api: str, stream: 
     assert all(e["protocol"] == PROTOCOL[api] for e in done)
     for event in done:
         mapped = {a["param"] for a in event["compat_adjustments"] if a["action"] == "mapped"}
-        assert STRICT_PARAM[api] in mapped, event["compat_adjustments"]
+        assert "tools" in mapped, event["compat_adjustments"]  # strict arguments not enforced here

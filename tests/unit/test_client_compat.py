@@ -76,16 +76,16 @@ def test_strict_mode_keeps_the_400_and_names_the_flag() -> None:
         parse_create(dict(CODEX), vision=False)
     assert exc.value.status == 400 and exc.value.param == "prompt_cache_key"
     assert "--client-compat" in exc.value.message
-    for drop, param in (
-        ((), "store"),
-        (("store", "metadata", "prompt_cache_key"), "parallel_tool_calls"),
-        (("store", "metadata", "prompt_cache_key", "parallel_tool_calls"), "tools[0].function.strict"),
-    ):
+    for drop, param in (((), "store"), (("store", "metadata"), "prompt_cache_key")):
         body = {k: v for k, v in AGENTS_CHAT.items() if k not in drop}
         with pytest.raises(ApiError) as exc:
             chat_request.parse(body, ApiContext())
         assert exc.value.status == 400 and exc.value.param == param
         assert "--client-compat" in exc.value.message
+    # strict tools and parallel_tool_calls=false are enforced (a grammar), not compat fields
+    body = {k: v for k, v in AGENTS_CHAT.items() if k not in ("store", "metadata", "prompt_cache_key")}
+    job = chat_request.parse(body, ApiContext()).job
+    assert job.constraint is not None and job.compat == [] and job.constraint_fallback is None
 
 
 def test_compat_mode_records_every_adjustment() -> None:
@@ -97,7 +97,8 @@ def test_compat_mode_records_every_adjustment() -> None:
     request = parse_create(dict(CODEX), vision=False, compat=Compat(True))
     params = {a["param"]: a["action"] for a in request.compat.adjustments}
     assert params["tools[1]"] == params["tools[2]"] == "dropped_tool"
-    assert params["tools[0].strict"] == params["reasoning.summary"] == "mapped"
+    assert params["reasoning.summary"] == "mapped"
+    assert "tools[0].strict" not in params and request.tools[0].strict  # strict tools are enforced
     for key in (
         "prompt_cache_key",
         "client_metadata",
@@ -116,10 +117,10 @@ def test_chat_compat_records_every_adjustment() -> None:
         "store": "ignored",
         "metadata": "ignored",
         "prompt_cache_key": "ignored",  # safety_identifier is null: absent, not recorded
-        "parallel_tool_calls": "ignored",
-        "tools[0].function.strict": "mapped",
     }
     assert [t.name for t in job.conversation.tools] == ["f"]
+    # the strict tool is a constraint; an engine that cannot constrain may drop it (recorded there)
+    assert job.constraint is not None and job.constraint_fallback is not None
     with pytest.raises(ApiError) as exc:
         chat_request.parse({**AGENTS_CHAT, "surprise": 1}, ApiContext(client_compat=True))
     assert exc.value.param == "surprise"

@@ -54,10 +54,7 @@ def reject(
         ({"metadata": {"k": "v" * 513}}, "invalid_value", "metadata.k"),
         ({"metadata": {"k": 1}}, "invalid_type", "metadata.k"),
         ({"metadata": []}, "invalid_type", "metadata"),
-        ({"text": {"format": {"type": "json_object"}}}, "unsupported_value", "text.format"),
-        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "unsupported_value", "text.format"),
         ({"text": {"verbosity": "low"}}, "unsupported_value", "text.verbosity"),
-        ({"tools": [{**FN, "strict": True}]}, "unsupported_value", "tools[0].strict"),
         ({"tools": [{"type": "web_search"}]}, "unsupported_value", "tools[0].type"),
         ({"tools": [{"type": "mcp", "server_label": "x"}]}, "unsupported_value", "tools[0].type"),
         ({"tools": [{"type": "custom", "name": "x"}]}, "unsupported_value", "tools[0].type"),
@@ -66,10 +63,20 @@ def reject(
         ({"tools": [FN, FN]}, "invalid_value", "tools[1].name"),
         ({"tools": [{**FN, "parameters": "x"}]}, "invalid_type", "tools[0].parameters"),
         ({"tools": {}}, "invalid_type", "tools"),
-        ({"tool_choice": "required"}, "unsupported_value", "tool_choice"),
-        ({"tool_choice": {"type": "function", "name": "get_weather"}}, "unsupported_value", "tool_choice"),
+        ({"tool_choice": "required"}, "invalid_value", "tool_choice"),
+        ({"tool_choice": {"type": "function", "name": "get_weather"}}, "invalid_value", "tool_choice"),
+        ({"tools": [FN], "tool_choice": {"type": "function", "name": "other"}}, "invalid_value", "tool_choice"),
+        ({"tools": [FN], "tool_choice": {"type": "function"}}, "missing_required_parameter", "tool_choice.name"),
+        ({"tools": [FN], "tool_choice": {"type": "web_search"}}, "unsupported_value", "tool_choice"),
+        ({"tools": [FN], "tool_choice": 3}, "invalid_value", "tool_choice"),
+        ({"text": {"format": {"type": "yaml"}}}, "invalid_request", "text.format.type"),
+        ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "missing_required_parameter",
+         "text.format.name"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": 1}}}, "invalid_type",
+         "text.format.schema"),
+        ({"text": {"format": {"type": "json_object", "schema": {}}}}, "unknown_parameter", "text.format.schema"),
+        ({"parallel_tool_calls": "no"}, "invalid_type", "parallel_tool_calls"),
         ({"tool_choice": "sometimes"}, "invalid_value", "tool_choice"),
-        ({"parallel_tool_calls": False}, "unsupported_value", "parallel_tool_calls"),
         ({"truncation": "auto"}, "unsupported_value", "truncation"),
         ({"top_logprobs": 2}, "unsupported_value", "top_logprobs"),
         ({"service_tier": "flex"}, "unsupported_value", "service_tier"),
@@ -174,3 +181,35 @@ def test_input_tokens_accepts_exactly_model_and_input() -> None:
     with pytest.raises(ApiError) as info:
         parse_input_tokens({"model": "m"}, vision=False)
     assert (info.value.code, info.value.param) == ("missing_required_parameter", "input")
+
+
+def test_tool_control_and_text_format() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    r = parse_create(
+        {
+            **BASE,
+            "tools": [{**FN, "strict": True}],
+            "tool_choice": {"type": "function", "name": "get_weather"},
+            "parallel_tool_calls": False,
+            "text": {"format": {"type": "json_schema", "name": "out", "schema": schema, "strict": True}},
+        },
+        vision=False,
+    )
+    assert (r.tool_control.mode, r.tool_control.name, r.tool_control.parallel) == (
+        "named",
+        "get_weather",
+        False,
+    )
+    assert r.tool_choice == {"type": "function", "name": "get_weather"} and r.tools[0].strict
+    assert r.tool_defs[0]["strict"] is True
+    assert r.text_format is not None and r.text_format.kind == "json_schema" and r.text_format.strict
+    assert r.text_format.param == "text.format.schema" and r.text_echo["name"] == "out"
+    r = parse_create(
+        {**BASE, "tools": [FN], "tool_choice": "required", "text": {"format": {"type": "json_object"}}}, False
+    )
+    assert r.tool_control.mode == "required" and r.tool_control.parallel
+    assert (
+        r.text_format is not None
+        and r.text_format.kind == "json_object"
+        and r.text_echo == {"type": "json_object"}
+    )

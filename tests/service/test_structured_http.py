@@ -1,0 +1,191 @@
+"""Structured output and tool control over HTTP on the real engine (demo artifact, random
+weights): all three protocols, whole and streamed, thinking on and off.
+
+* Tool control: `required` always yields at least one call to a declared tool whose arguments
+  validate against its schema; a named tool yields exactly that one call; parallel calls off
+  yield exactly one; strict tools under `auto` are constrained; a named tool that is not
+  declared is a 400 on `tool_choice`.
+* The schema corpus (`schema_corpus.CORPUS`, 53 schemas), each once through one protocol's text
+  format (Chat `response_format`, Responses `text.format`, Anthropic `output_config.format`),
+  the protocol, streaming and thinking rotating over the corpus: every answer ended by itself
+  and parses and validates with `jsonschema` (formats checked).
+
+Random weights: the mask leaves only grammar tokens and every open-ended part of the schemas is
+bounded, so answers end within small budgets (the corpus needs 2 to 41 tokens a schema; a tool
+call about 60). Thinking requests spend half their budget on reasoning first (random weights
+never end it themselves), so few schemas use it. One server serves the module; requests go two
+at a time (max_concurrency 2).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from conftest import Server, start_server, stop_server
+from protocol_client import PROTOCOLS, Answer, ask, body, post
+from schema_corpus import CORPUS, TOOLS
+
+OVERRIDES = [
+    "engine.device=cpu",
+    "engine.max_concurrency=2",
+    "engine.max_pending_requests=4",
+    "engine.max_context=2048",
+    "kv.capacity=4096",
+    "engine.default_max_tokens=64",
+    "sampling.seed=0",
+    "logging.log_stats_interval_ms=1000",
+]
+JSON_TOKENS = 48  # an answer's budget (the corpus needs 2 to 41 tokens a schema)
+SLOW = {"obj-mixed-types": 96, "obj-formats": 96, "defs-ref": 96, "recursive-list": 128, "recursive-tree": 128,
+        "recursive-expr": 128, "format-date-time": 64}  # fmt: skip
+THINK_TOKENS = 32  # with thinking: as many reasoning tokens (never ended by random weights), then the answer
+FINISHED = {"stop", "tool_calls", "completed", "end_turn", "tool_use"}
+CHECKER = jsonschema.FormatChecker()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, demo_cache: Path) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("structured"), OVERRIDES, demo_cache)
+    yield srv
+    assert stop_server(srv) == 0, srv.stderr_path.read_text()[-3000:]
+
+
+def _tools(protocol: str, strict: bool = False) -> list[dict[str, Any]]:
+    if protocol == "chat":
+        return [{"type": "function", "function": {**t, "strict": strict}} for t in TOOLS]
+    if protocol == "responses":
+        return [{"type": "function", **t, "strict": strict} for t in TOOLS]
+    return [
+        {
+            "name": t["name"],
+            "description": t["description"],
+            "input_schema": t["parameters"],
+            "strict": strict,
+        }
+        for t in TOOLS
+    ]
+
+
+def _choice(protocol: str, kind: str, name: str | None = None, parallel: bool = True) -> dict[str, Any]:
+    """`tool_choice` (and the parallel switch) in `protocol`'s spelling: kind auto | required | named."""
+    if protocol == "messages":
+        spelled: dict[str, Any] = {"auto": {"type": "auto"}, "required": {"type": "any"}}.get(kind) or {
+            "type": "tool",
+            "name": name,
+        }
+        return {"tool_choice": {**spelled, **({} if parallel else {"disable_parallel_tool_use": True})}}
+    if kind == "named":
+        fn = (
+            {"type": "function", "function": {"name": name}}
+            if protocol == "chat"
+            else {"type": "function", "name": name}
+        )
+        out: dict[str, Any] = {"tool_choice": fn}
+    else:
+        out = {"tool_choice": kind}
+    return out if parallel else {**out, "parallel_tool_calls": False}
+
+
+def _text_format(protocol: str, name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    if protocol == "chat":
+        return {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": name, "schema": schema, "strict": True},
+            }
+        }
+    if protocol == "responses":
+        return {"text": {"format": {"type": "json_schema", "name": name, "schema": schema, "strict": True}}}
+    return {"output_config": {"format": {"type": "json_schema", "schema": schema}}}
+
+
+def _check_calls(answer: Answer, allowed: set[str]) -> None:
+    """Every call names a declared (allowed) tool and its arguments validate against its schema."""
+    schemas = {t["name"]: t["parameters"] for t in TOOLS}
+    for name, args in answer.calls:
+        assert name in allowed, (name, answer)
+        jsonschema.validate(args, schemas[name], format_checker=CHECKER)
+    assert answer.text.strip() == "", answer  # forced calls leave no text
+
+
+# protocol, tool_choice kind, named tool, parallel calls, stream, thinking, max_tokens: each protocol
+# forces both ways, whole and streamed, with thinking on and off, parallel calls on and off.
+TOOL_CASES = [
+    ("chat", "required", None, True, False, False, 192),
+    ("chat", "named", "add", False, True, True, 192),
+    ("responses", "required", None, False, True, False, 128),
+    ("responses", "named", "get_weather", True, False, True, 192),
+    ("messages", "required", None, True, True, False, 192),
+    ("messages", "named", "tag_items", False, False, False, 128),
+]
+
+
+def _tool_case(server: Server, case: tuple[Any, ...]) -> tuple[tuple[Any, ...], Answer]:
+    protocol, kind, name, parallel, stream, thinking, budget = case
+    choice = _choice(protocol, kind, name, parallel)
+    payload = body(protocol, "Use a tool.", budget, thinking, stream, tools=_tools(protocol), **choice)
+    return case, ask(server, protocol, payload)
+
+
+def test_tool_choice_forces_valid_calls(server: Server) -> None:
+    declared = {t["name"] for t in TOOLS}
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda c: _tool_case(server, c), TOOL_CASES))
+    for (_, kind, name, parallel, _, thinking, _), answer in results:
+        assert answer.finish in FINISHED, answer
+        assert len(answer.calls) >= 1, answer
+        _check_calls(answer, {name} if name else declared)
+        if kind == "named" or not parallel:
+            assert len(answer.calls) == 1, answer
+        assert bool(answer.reasoning) == thinking, answer  # the reasoning stayed free and came first
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_strict_auto_and_undeclared_names(server: Server, protocol: str) -> None:
+    payload = body(protocol, "Weather in Paris?", 16, False, False, tools=_tools(protocol, strict=True))
+    answer = ask(server, protocol, payload)
+    schemas = {t["name"]: t["parameters"] for t in TOOLS}
+    for name, args in answer.calls:  # random weights mostly answer text; any call is valid
+        jsonschema.validate(args, schemas[name], format_checker=CHECKER)
+    named = _choice(protocol, "named", "no_such_tool")
+    r = post(server, protocol, body(protocol, "x", 8, False, False, tools=_tools(protocol), **named))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    if protocol == "messages":
+        assert error["type"] == "invalid_request_error" and "no_such_tool" in error["message"]
+    else:
+        assert error["param"] == "tool_choice" and error["type"] == "invalid_request_error"
+
+
+def _corpus_case(server: Server, index: int) -> tuple[str, Answer, bool]:
+    """Schema `index` of the corpus: protocol, stream and thinking rotate with the index."""
+    name, schema = CORPUS[index]
+    protocol, stream, thinking = PROTOCOLS[index % 3], bool(index // 3 % 2), index % 8 == 3
+    budget = 2 * THINK_TOKENS if thinking else SLOW.get(name, JSON_TOKENS)
+    fmt = _text_format(protocol, name, schema)
+    payload = body(protocol, "Answer in JSON.", budget, thinking, stream, **fmt)
+    return (
+        f"{name} ({protocol}, stream={stream}, thinking={thinking})",
+        ask(server, protocol, payload),
+        thinking,
+    )
+
+
+def test_schema_corpus_outputs_validate(server: Server) -> None:
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda i: _corpus_case(server, i), range(len(CORPUS))))
+    failures = []
+    for (label, answer, thinking), (_, schema) in zip(results, CORPUS, strict=True):
+        try:
+            assert answer.finish in FINISHED, f"did not finish: {answer.finish}"
+            jsonschema.validate(json.loads(answer.text), schema, format_checker=CHECKER)
+            assert bool(answer.reasoning) == thinking, "reasoning"
+        except (AssertionError, ValueError, jsonschema.ValidationError) as exc:
+            failures.append(f"{label}: {str(exc)[:200]} in {answer.text!r}")
+    assert not failures, "\n".join(failures)
