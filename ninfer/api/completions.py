@@ -21,7 +21,7 @@ import falcon
 
 from ninfer.api import fields as f
 from ninfer.api import sse
-from ninfer.api.chat_request import sampling_params
+from ninfer.api.chat.request import sampling_params
 from ninfer.api.context import ApiContext, caller
 from ninfer.api.errors import invalid, unsupported
 from ninfer.api.events import Finished, GenerationJob, LogprobsDelta, TextDelta

@@ -8,7 +8,7 @@ from typing import Any
 
 from ninfer.api.errors import ApiError, invalid
 from ninfer.api.pipeline import Caller, Pipeline
-from ninfer.api.response_store import ResponseStore
+from ninfer.api.responses.store import ResponseStore
 
 
 def caller(req: Any) -> Caller:

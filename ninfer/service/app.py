@@ -18,9 +18,9 @@ from ninfer.service.middleware import ApiKeyAuth, BodyLimit, HttpCount, install_
 # present in this build (the Responses adapter is optional) is skipped.
 ROUTE_MODULES = (
     "ninfer.api.models",
-    "ninfer.api.chat_completions",
-    "ninfer.api.messages",
-    "ninfer.api.responses",
+    "ninfer.api.chat.routes",
+    "ninfer.api.messages.routes",
+    "ninfer.api.responses.routes",
     "ninfer.api.completions",
     "ninfer.api.tokenize",
 )

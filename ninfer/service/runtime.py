@@ -12,7 +12,7 @@ from typing import Any
 
 from ninfer.api.context import ApiContext
 from ninfer.api.pipeline import Pipeline, PipelineConfig
-from ninfer.api.response_store import ResponseStore
+from ninfer.api.responses.store import ResponseStore
 from ninfer.config import Settings
 from ninfer.service.console import logger
 from ninfer.service.engine_view import EngineView

@@ -15,7 +15,7 @@ from fake_engine import FakeEngine
 from ninfer.api.context import ApiContext
 from ninfer.api.pipeline import Pipeline, PipelineConfig
 from ninfer.api.prompting import FrontendPrompts
-from ninfer.api.response_store import ResponseStore
+from ninfer.api.responses.store import ResponseStore
 from ninfer.artifact import ensure_demo_artifact, open_artifact
 from ninfer.config import load_settings
 from ninfer.frontend.options import ServerDefaults

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer.api import chat_request
+from ninfer.api.chat import request as chat_request
 from ninfer.api.compat import Compat, nearest_effort
 from ninfer.api.context import ApiContext
 from ninfer.api.errors import ApiError
-from ninfer.api.messages_request import parse
-from ninfer.api.responses_schema import parse_create
+from ninfer.api.messages.request import parse
+from ninfer.api.responses.schema import parse_create
 
 CLAUDE = {
     "model": "m",

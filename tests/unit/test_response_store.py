@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from ninfer.api.errors import ApiError
-from ninfer.api.response_store import MIB, ResponseStore, StoredResponse, json_bytes, make_record
+from ninfer.api.responses.store import MIB, ResponseStore, StoredResponse, json_bytes, make_record
 
 
 def item(i: int, text: str = "x") -> dict[str, object]:

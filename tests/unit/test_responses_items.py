@@ -10,7 +10,7 @@ from openai.types.responses.response_item import ResponseItem
 from pydantic import TypeAdapter
 
 from ninfer.api.errors import ApiError
-from ninfer.api.responses_items import normalize_input, to_messages
+from ninfer.api.responses.items import normalize_input, to_messages
 from ninfer.frontend.conversation import ImagePart, Message, TextPart, ToolCall, VideoPart
 
 ITEM = TypeAdapter(ResponseItem)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ninfer.api.errors import ApiError
-from ninfer.api.responses_schema import parse_create, parse_input_tokens
+from ninfer.api.responses.schema import parse_create, parse_input_tokens
 
 BASE: dict[str, Any] = {"model": "m", "input": "hi"}
 FN = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}

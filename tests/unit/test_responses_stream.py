@@ -27,8 +27,8 @@ from ninfer.api.events import (
     Usage,
     arguments_json,
 )
-from ninfer.api.responses_object import Envelope
-from ninfer.api.responses_stream import ResponseSequencer, frame
+from ninfer.api.responses.object import Envelope
+from ninfer.api.responses.stream import ResponseSequencer, frame
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 TERMINALS = {"response.completed", "response.incomplete", "response.failed"}

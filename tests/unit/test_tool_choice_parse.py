@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from ninfer.api import chat_request, messages_request
+from ninfer.api.chat import request as chat_request
 from ninfer.api.context import ApiContext
 from ninfer.api.errors import ApiError
 from ninfer.api.events import GenerationJob
+from ninfer.api.messages import request as messages_request
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}

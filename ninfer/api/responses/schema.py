@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.api import fields as f
-from ninfer.api.chat_request import schema_constraint
+from ninfer.api.chat.request import schema_constraint
 from ninfer.api.compat import Compat
 from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.parse_guard import guarded
-from ninfer.api.responses_items import normalize_input, unsupported_value
+from ninfer.api.responses.items import normalize_input, unsupported_value
 from ninfer.api.tool_control import ToolControl
 from ninfer.engine.api import ConstraintSpec
 from ninfer.frontend.conversation import Tool

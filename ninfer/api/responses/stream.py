@@ -21,8 +21,8 @@ from ninfer.api.events import (
     ToolCallStart,
     arguments_json,
 )
-from ninfer.api.responses_items import new_id
-from ninfer.api.responses_object import Envelope, failure
+from ninfer.api.responses.items import new_id
+from ninfer.api.responses.object import Envelope, failure
 
 
 def frame(event: dict[str, Any]) -> bytes:

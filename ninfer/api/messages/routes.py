@@ -9,7 +9,7 @@ from typing import Any
 
 import falcon
 
-from ninfer.api import messages_request, sse
+from ninfer.api import sse
 from ninfer.api.compat import Compat
 from ninfer.api.context import ApiContext, caller
 from ninfer.api.errors import ApiError, internal
@@ -23,6 +23,7 @@ from ninfer.api.events import (
     Usage,
 )
 from ninfer.api.fields import parse_body
+from ninfer.api.messages import request as messages_request
 from ninfer.api.pipeline import Generation
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}

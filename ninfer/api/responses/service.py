@@ -14,11 +14,11 @@ from ninfer.api.context import ApiContext
 from ninfer.api.errors import ApiError, invalid
 from ninfer.api.events import Finished, GenerationJob
 from ninfer.api.pipeline import Caller, Generation
-from ninfer.api.response_store import ResponseStore, StoredResponse, make_record
-from ninfer.api.responses_items import item_ids, media_count, new_id, to_messages
-from ninfer.api.responses_object import Envelope
-from ninfer.api.responses_schema import CreateRequest, parse_create, parse_input_tokens
-from ninfer.api.responses_stream import ResponseSequencer, frame
+from ninfer.api.responses.items import item_ids, media_count, new_id, to_messages
+from ninfer.api.responses.object import Envelope
+from ninfer.api.responses.schema import CreateRequest, parse_create, parse_input_tokens
+from ninfer.api.responses.store import ResponseStore, StoredResponse, make_record
+from ninfer.api.responses.stream import ResponseSequencer, frame
 from ninfer.api.tool_control import answer_constraint, fallback
 from ninfer.engine.api import SamplingParams
 from ninfer.frontend.conversation import Conversation

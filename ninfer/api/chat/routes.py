@@ -9,7 +9,8 @@ from typing import Any
 
 import falcon
 
-from ninfer.api import chat_request, sse
+from ninfer.api import sse
+from ninfer.api.chat import request as chat_request
 from ninfer.api.context import ApiContext, caller
 from ninfer.api.events import (
     Finished,

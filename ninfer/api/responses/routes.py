@@ -7,8 +7,8 @@ import falcon
 from ninfer.api.context import ApiContext, caller
 from ninfer.api.errors import ApiError
 from ninfer.api.fields import parse_body
-from ninfer.api.response_store import ResponseStore
-from ninfer.api.responses_service import ResponsesService, not_found
+from ninfer.api.responses.service import ResponsesService, not_found
+from ninfer.api.responses.store import ResponseStore
 
 DEFAULT_MAX_RECORDS = 1024  # server.response_store_max_records (used when no store is configured)
 DEFAULT_MAX_MIB = 256  # server.response_store_max_mib

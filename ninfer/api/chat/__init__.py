@@ -1,0 +1,1 @@
+"""OpenAI Chat Completions: the request parser (`request`) and the route (`routes`)."""

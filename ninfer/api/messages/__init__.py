@@ -1,0 +1,1 @@
+"""Anthropic Messages: the request parser (`request`) and the routes, count_tokens included (`routes`)."""
