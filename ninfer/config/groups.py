@@ -290,6 +290,11 @@ class TelemetrySettings(BaseSettings):
     service_name: str = Field("ninfer", min_length=1)
 
 
+def defaults(model: type[BaseSettings]) -> dict[str, Any]:
+    """A settings group's default values by field name (the one place defaults are read)."""
+    return {name: info.default for name, info in model.model_fields.items()}
+
+
 GROUPS: dict[str, type[BaseSettings]] = {
     "model": ModelSettings,
     "engine": EngineSettings,

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource
 
 from ninfer.config.errors import ConfigError, from_validation_error
-from ninfer.config.groups import GROUPS
+from ninfer.config.groups import GROUPS, defaults
 from ninfer.config.settings import Settings
 
 CONFIG_NAME = "config"
@@ -51,10 +51,7 @@ def conf_dir() -> Path:
 
 def defaults_tree() -> dict[str, dict[str, Any]]:
     """Every settings group's default values, read from the models."""
-    return {
-        name: {field: info.default for field, info in model.model_fields.items()}
-        for name, model in GROUPS.items()
-    }
+    return {name: defaults(model) for name, model in GROUPS.items()}
 
 
 def register_defaults() -> None:

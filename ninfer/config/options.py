@@ -111,8 +111,9 @@ def _options() -> list[Option]:
     ]
 
 
-CONTRACT_OPTIONS: tuple[Option, ...] = tuple(o for o in _options() if o.key not in EXTRA_KEYS)
-EXTRA_OPTIONS: tuple[Option, ...] = tuple(o for o in _options() if o.key in EXTRA_KEYS)
+_ALL = _options()
+CONTRACT_OPTIONS: tuple[Option, ...] = tuple(o for o in _ALL if o.key not in EXTRA_KEYS)
+EXTRA_OPTIONS: tuple[Option, ...] = tuple(o for o in _ALL if o.key in EXTRA_KEYS)
 OPTIONS: tuple[Option, ...] = CONTRACT_OPTIONS + EXTRA_OPTIONS
 BY_FLAG: dict[str, Option] = {o.flag: o for o in OPTIONS}
 BY_KEY: dict[str, Option] = {o.key: o for o in OPTIONS}

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ninfer.config.groups import DEFAULT_DRAFT_TOKENS, ColdTierSettings, EngineSettings
+from ninfer.config.groups import DEFAULT_DRAFT_TOKENS, ColdTierSettings, EngineSettings, defaults
 from ninfer.engine.sampler import SamplingOverrides
 
 # the settings models hold every default; an engine built without Settings (tests, scripts) gets the same
-_E = {name: info.default for name, info in EngineSettings.model_fields.items()}
-_C = {name: info.default for name, info in ColdTierSettings.model_fields.items()}
+_E = defaults(EngineSettings)
+_C = defaults(ColdTierSettings)
 
 
 @dataclass(frozen=True)
