@@ -76,8 +76,7 @@ def prepare(
     if params.ignore_eos:
         stop_ids = frozenset()
     detok = detokenizer_factory() if detokenizer_factory is not None else None
-    sampling: dict[str, float | int | None] = dict(resolved.as_dict())
-    stats = RequestStats(prompt_tokens=len(prompt), resolved_sampling=sampling, seed=resolved.seed)
+    stats = RequestStats(prompt_tokens=len(prompt), resolved_sampling=resolved.as_dict(), seed=resolved.seed)
     if spec is not None:
         stats.speculative = spec_counters.new_counters(spec.backend, spec.k)
     entitlement = min(max_tokens, ctx - len(prompt))

@@ -51,7 +51,7 @@ class ResolvedSampling:
     frequency_penalty: float
     seed: int
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, float | int | None]:
         return asdict(self)
 
 
