@@ -50,7 +50,7 @@ class EngineConfig:
     prefill_warmup: bool | None = None
     # Prompt chunks of up to this many tokens (padded to the next bucket) replay a one-row
     # captured graph instead of an eager forward (Runner._prefill_graph); () turns it off.
-    prefill_graph_buckets: tuple[int, ...] = (16, 32)
+    prefill_graph_buckets: tuple[int, ...] = (16, 32, 48, 64)
     # Speculative decoding (frozen at startup; without a method no MTP weights or buffers exist).
     spec_method: str | None = None  # None | "mtp" | "dflash" (the artifact's dflash component)
     draft_tokens: int = DEFAULT_DRAFT_TOKENS  # k drafts per round: 1..5 for MTP, 1..15 for DFlash

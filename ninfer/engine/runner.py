@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 
 SMALL_MOE_TOKENS, SMALL_MOE_ROWS = 64, 384  # the small-batch MoE kernels' limits (triton/moe.py)
-# The conv step kernel unrolls at most 32 tokens (triton backend CONV_STEP_MAX_T); longer per-token
-# steps take the torch reference, which failed capture on the H200 (a 48 bucket, f917fd5).
-SMALL_STEP_MAX_TOKENS = 32
+# The conv step kernel takes at most 64 tokens (triton backend CONV_STEP_MAX_T); longer per-token
+# steps take the torch reference, which does not capture on the H200 (a 48 bucket, f917fd5).
+SMALL_STEP_MAX_TOKENS = 64
 MOE_GRAPH_SEGMENTS = 8  # MoE models' captured steps: this many groups of decoder layers (see CaptureBackend)
 
 
@@ -387,7 +387,7 @@ def _first_token(plan: PrefillPlan, logits: torch.Tensor) -> StepResult:
 
 def small_prefill_buckets(buckets: Sequence[int], config: TextConfig) -> tuple[int, ...]:
     """The prefill bucket sizes a model's captured step supports: every bucket must take the
-    graph-safe kernels: the conv step's unrolled form (at most 32 tokens) and the small-batch MoE
+    graph-safe kernels: the conv step kernel (at most 64 tokens) and the small-batch MoE
     kernels (at most 384 routed rows)."""
     out = []
     for q in sorted(set(buckets)):

@@ -68,7 +68,7 @@ def main() -> int:
         "layers": args.layers,
     }
     outs = {}
-    for name, buckets in (("eager", ()), ("graphs", (16, 32, 48))):
+    for name, buckets in (("eager", ()), ("graphs", base.prefill_graph_buckets)):
         engine = Engine(model, replace(base, prefill_graph_buckets=buckets)).start()
         engine.wait_prepared()
         stats = engine.runner.graph_stats

@@ -79,5 +79,5 @@ def test_moe_buckets_stay_within_the_small_kernels() -> None:
     )  # fmt: skip
     moe = replace(dense, family="qwen3_5_moe", num_experts=256, num_experts_per_tok=8, intermediate_size=None,
                   moe_intermediate_size=8, shared_expert_intermediate_size=8)  # fmt: skip
-    assert small_prefill_buckets((16, 32, 48, 64, 128, 1), dense) == (16, 32)
-    assert small_prefill_buckets((16, 32, 48, 64), moe) == (16, 32)  # 64 x 8 routed rows > 384
+    assert small_prefill_buckets((16, 32, 48, 64, 128, 1), dense) == (16, 32, 48, 64)
+    assert small_prefill_buckets((16, 32, 48, 64), moe) == (16, 32, 48)  # 64 x 8 routed rows > 384

@@ -26,6 +26,8 @@ def _rand(*shape, dtype=torch.float32, seed=0):
         (2, 5, 24, 4, torch.float32),  # verify, T > K
         (2, 2, 16, 2, torch.float32),  # K = 2 (window of one column)
         (3, 3, 32, 4, torch.bfloat16),
+        (2, 2, 16, 4, torch.float32),  # T < K - 1: the window carries over in part
+        (2, 64, 24, 4, torch.bfloat16),  # a prefill bucket: the looped tokens past the window
     ],
 )
 def test_conv_step_matches_reference(n, t, c, width, dtype):

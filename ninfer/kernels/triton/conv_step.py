@@ -54,29 +54,52 @@ def _conv_step_kernel(
     tl.debug_barrier()
     x_rows = x_ptr + n * s_xn + offs_c  # [BC]
 
-    # conceptual sequence seq = [window (K-1 columns) | x_0 .. x_{T-1}]; every index below is static
-    for t in tl.static_range(T):
+    # conceptual sequence seq = [window (K-1 columns) | x_0 .. x_{T-1}]. Tokens t < K-1 read the
+    # carried window: unrolled, so every register index is static.
+    for t in tl.static_range(K - 1):
+        if t < T:
+            acc = tl.zeros([BC], dtype=tl.float32)
+            for j in tl.static_range(K):
+                wj = tl.load(w_ptr + offs_c * s_wc + j, mask=mask_c, other=0.0).to(tl.float32)
+                if t + j < K - 1:
+                    val = _column(old, cols, t + j)
+                else:
+                    val = tl.load(x_rows + (t + j - (K - 1)) * s_xt, mask=mask_c, other=0.0).to(tl.float32)
+                acc += val * wj
+            y = acc * tl.sigmoid(acc)
+            y = tl.where(valid, y, 0.0)
+            tl.store(y_ptr + n * s_yn + t * s_yt + offs_c, y.to(y_ptr.dtype.element_ty), mask=mask_c)
+
+            # window after token t: column c = seq[t + 1 + c]
+            win = tl.zeros([BC, SP], dtype=tl.float32)
+            for c in tl.static_range(K - 1):
+                if t + 1 + c < K - 1:
+                    val = _column(old, cols, t + 1 + c)
+                else:
+                    x_at = x_rows + (t + 1 + c - (K - 1)) * s_xt
+                    val = tl.load(x_at, mask=mask_c, other=0.0).to(tl.float32)
+                win = tl.where(cols[None, :] == c, val[:, None], win)
+            slot = tl.load(slot_ptr + n * s_in + t * s_it).to(tl.int64)
+            tl.store(
+                state_ptr + tl.maximum(slot, 0) * s_ss + offs_c[:, None] * s_sc + cols[None, :] * s_sl,
+                win.to(state_ptr.dtype.element_ty),
+                mask=mask_tile & valid & (slot >= 0),
+            )
+
+    # Tokens t >= K-1 read x alone: a loop (not unrolled), so prefill-sized T stays one small kernel.
+    for t in range(K - 1, T):
         acc = tl.zeros([BC], dtype=tl.float32)
-        for j in tl.static_range(K):
+        for j in tl.static_range(K):  # the same summation order as the unrolled tokens
             wj = tl.load(w_ptr + offs_c * s_wc + j, mask=mask_c, other=0.0).to(tl.float32)
-            if t + j < K - 1:
-                val = _column(old, cols, t + j)
-            else:
-                val = tl.load(x_rows + (t + j - (K - 1)) * s_xt, mask=mask_c, other=0.0).to(tl.float32)
+            val = tl.load(x_rows + (t + j - (K - 1)) * s_xt, mask=mask_c, other=0.0).to(tl.float32)
             acc += val * wj
         y = acc * tl.sigmoid(acc)
         y = tl.where(valid, y, 0.0)
         tl.store(y_ptr + n * s_yn + t * s_yt + offs_c, y.to(y_ptr.dtype.element_ty), mask=mask_c)
 
-        # window after token t: column c = seq[t + 1 + c]
-        win = tl.zeros([BC, SP], dtype=tl.float32)
-        for c in tl.static_range(K - 1):
-            if t + 1 + c < K - 1:
-                val = _column(old, cols, t + 1 + c)
-            else:
-                val = tl.load(x_rows + (t + 1 + c - (K - 1)) * s_xt, mask=mask_c, other=0.0).to(tl.float32)
-            win = tl.where(cols[None, :] == c, val[:, None], win)
+        # window after token t: x_{t-K+2} .. x_t
         slot = tl.load(slot_ptr + n * s_in + t * s_it).to(tl.int64)
+        win = tl.load(x_rows[:, None] + (t - (K - 2) + cols[None, :]) * s_xt, mask=mask_tile, other=0.0)
         tl.store(
             state_ptr + tl.maximum(slot, 0) * s_ss + offs_c[:, None] * s_sc + cols[None, :] * s_sl,
             win.to(state_ptr.dtype.element_ty),
@@ -101,7 +124,8 @@ def conv_step(
     slot_idx: [N, T] int, the slot that receives the window (last K-1 inputs) after token t
     (< 0: not stored); start_slot: [N] int, the slot the window is read from (< 0: padding row:
     output zeros, nothing written). Same semantics as `ninfer.kernels.conv_ref.conv_step`.
-    T is unrolled at compile time (one compile per T; meant for decode / verify sizes).
+    One compile per T: the first K-1 tokens are unrolled, the rest run in a loop (decode, verify
+    and short prefill sizes).
     returns y: [N, T, C] in x's dtype (written into `out` when given).
     """
     w = weight.reshape(weight.shape[0], -1)
