@@ -39,7 +39,8 @@ from ninfer.kernels.triton.kv_int8 import write_kv_int8
 
 log = logging.getLogger(__name__)
 
-CONV_STEP_MAX_T = 64  # one compile per T (decode, verify, prefill buckets); longer calls use the torch reference
+# one compile per T (decode, verify, prefill buckets); longer calls use the torch reference
+CONV_STEP_MAX_T = 64
 
 
 def fla_chunk_rule() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
