@@ -87,23 +87,24 @@ def _conv_step_kernel(
             )
 
     # Tokens t >= K-1 read x alone: a loop (not unrolled), so prefill-sized T stays one small kernel.
+    # Its names are its own: a name shared with the unrolled part would be loop-carried (one type).
     for t in range(K - 1, T):
-        acc = tl.zeros([BC], dtype=tl.float32)
+        acc_t = tl.zeros([BC], dtype=tl.float32)
         for j in tl.static_range(K):  # the same summation order as the unrolled tokens
-            wj = tl.load(w_ptr + offs_c * s_wc + j, mask=mask_c, other=0.0).to(tl.float32)
-            val = tl.load(x_rows + (t + j - (K - 1)) * s_xt, mask=mask_c, other=0.0).to(tl.float32)
-            acc += val * wj
-        y = acc * tl.sigmoid(acc)
-        y = tl.where(valid, y, 0.0)
-        tl.store(y_ptr + n * s_yn + t * s_yt + offs_c, y.to(y_ptr.dtype.element_ty), mask=mask_c)
+            w_j = tl.load(w_ptr + offs_c * s_wc + j, mask=mask_c, other=0.0).to(tl.float32)
+            x_j = tl.load(x_rows + (t + j - (K - 1)) * s_xt, mask=mask_c, other=0.0).to(tl.float32)
+            acc_t += x_j * w_j
+        y_t = acc_t * tl.sigmoid(acc_t)
+        y_t = tl.where(valid, y_t, 0.0)
+        tl.store(y_ptr + n * s_yn + t * s_yt + offs_c, y_t.to(y_ptr.dtype.element_ty), mask=mask_c)
 
         # window after token t: x_{t-K+2} .. x_t
-        slot = tl.load(slot_ptr + n * s_in + t * s_it).to(tl.int64)
-        win = tl.load(x_rows[:, None] + (t - (K - 2) + cols[None, :]) * s_xt, mask=mask_tile, other=0.0)
+        slot_t = tl.load(slot_ptr + n * s_in + t * s_it).to(tl.int64)
+        win_t = tl.load(x_rows[:, None] + (t - (K - 2) + cols[None, :]) * s_xt, mask=mask_tile, other=0.0)
         tl.store(
-            state_ptr + tl.maximum(slot, 0) * s_ss + offs_c[:, None] * s_sc + cols[None, :] * s_sl,
-            win.to(state_ptr.dtype.element_ty),
-            mask=mask_tile & valid & (slot >= 0),
+            state_ptr + tl.maximum(slot_t, 0) * s_ss + offs_c[:, None] * s_sc + cols[None, :] * s_sl,
+            win_t.to(state_ptr.dtype.element_ty),
+            mask=mask_tile & valid & (slot_t >= 0),
         )
 
 
