@@ -155,7 +155,9 @@ class ServiceRuntime:
         if self.settings.vision.enabled:  # media preparation exists only with --vision
             from ninfer.api.media_prompt import build_media_prompts
 
-            media = build_media_prompts(self.settings, artifact, tokenizer.encode)
+            media = build_media_prompts(
+                self.settings.vision, self.settings.engine.max_context, artifact, tokenizer.encode
+            )
         prompts = FrontendPrompts(artifact.chat_template, tokenizer, defaults, media)
         engine = self.engine = self.engine_factory(self.settings, artifact)  # loads the weights
         engine.start()
