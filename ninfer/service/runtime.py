@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ninfer.api.context import ApiContext
 from ninfer.api.pipeline import Pipeline, PipelineConfig
@@ -23,13 +23,16 @@ from ninfer.service.request_log import RequestLog, redact_argv
 from ninfer.service.telemetry import Tracing
 from ninfer.service.throughput import ThroughputReporter
 
+if TYPE_CHECKING:
+    from ninfer.artifact import Artifact
+
 RELEASE_WAIT_S = 5.0  # after the engine drained: bound on waiting for responses to be released
 
 # (settings, artifact) -> a loaded engine (`ninfer.bootstrap.build_engine`, or a test fake)
-EngineFactory = Callable[[Settings, Any], EngineView]
+EngineFactory = Callable[[Settings, "Artifact"], EngineView]
 
 
-def default_engine_factory(settings: Settings, artifact: Any) -> EngineView:
+def default_engine_factory(settings: Settings, artifact: Artifact) -> EngineView:
     from ninfer.bootstrap import build_engine
 
     return build_engine(settings, artifact)
@@ -180,7 +183,7 @@ class ServiceRuntime:
         logger().info("ready: serving %s in %.3fs", self.ctx.model_id, time.monotonic() - t0)
 
     def _server_start(
-        self, eng: EngineView, path: str, artifact: Any, compile_report: dict[str, object]
+        self, eng: EngineView, path: str, artifact: Artifact, compile_report: dict[str, object]
     ) -> None:
         opts = self.options
         cfg = eng.config  # the engine's resolved EngineConfig
