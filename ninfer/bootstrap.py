@@ -1,9 +1,9 @@
 """The composition root: `Settings` + an opened artifact -> a built `Engine`.
 
-The only module that joins the artifact (weights, tokenizer, components) with the engine; the
-service, the benchmarks and scripts build engines here, and the engine receives built parts (the
-model, its narrow `EngineConfig`, a detokenizer factory, the speculative heads, the vision tower
-and the grammar compiler). Without it the engine would import `artifact` and `text`, against the
+The only module that joins the artifact (weights, tokenizer, components) with the engine and
+maps `Settings` onto `EngineConfig`; the service, the benchmarks, scripts and the offline `LLM`
+build engines here, and the engine receives built parts (the model, its narrow `EngineConfig`, a
+detokenizer factory, the speculative heads, the vision tower and the grammar compiler). Without it the engine would import `artifact` and `text`, against the
 layer rule of docs/structure.md.
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ninfer.artifact.reader import Artifact
 from ninfer.artifact.registry import sampler_preset
 from ninfer.config import Settings
 from ninfer.config.groups import DEFAULT_DRAFT_TOKENS, ColdTierSettings, SpecSettings
@@ -25,6 +26,7 @@ from ninfer.engine.sampler import SamplingOverrides
 from ninfer.engine.speculative.draft_head import DraftHead
 from ninfer.engine.stops import Detokenizer
 from ninfer.kernels.dispatch import get_ops
+from ninfer.model.qwen35 import Qwen35Model
 from ninfer.model.weights import load_model
 from ninfer.text.detok import IncrementalDetokenizer
 from ninfer.text.tokenizer import Tokenizer
@@ -32,7 +34,7 @@ from ninfer.text.tokenizer import Tokenizer
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def build_engine(settings: Settings, artifact: Any) -> Engine:
+def build_engine(settings: Settings, artifact: Artifact) -> Engine:
     """Load the artifact's text model (and what --spec and --vision need) and build the engine."""
     model, config, detok, draft_head = engine_parts(settings, artifact)
     grammars = Grammars(artifact.tokenizer_path, model.config.vocab_size, set(model.config.eos_token_ids))
@@ -40,10 +42,31 @@ def build_engine(settings: Settings, artifact: Any) -> Engine:
     return Engine(model, config, detok, draft_head, vision, grammars=grammars)
 
 
+def engine_for_model(settings: Settings, model: Qwen35Model, tokenizer: Tokenizer | None = None) -> Engine:
+    """An engine over a text model already loaded (the offline `LLM`), on the model's device and
+    dtype: no sampler presets (neutral sampling), speculative heads, vision tower or grammar
+    compiler; without a tokenizer its outputs carry token ids only."""
+    if settings.spec.method is not None or settings.vision.enabled:
+        raise EngineConfigError(
+            "spec.method and vision.enabled need the artifact's components: build the engine with build_engine"
+        )
+    weight = model.embed_tokens.weight
+    dtype = str(weight.dtype).removeprefix("torch.")
+    vocab_limit = tokenizer.vocab_size if tokenizer is not None else None
+    config = engine_config(settings, None, str(weight.device), dtype, vocab_limit=vocab_limit)
+    return Engine(model, config, detokenizer_factory(tokenizer) if tokenizer is not None else None)
+
+
+def detokenizer_factory(tokenizer: Tokenizer) -> Callable[[], Detokenizer]:
+    """One incremental detokenizer per request over `tokenizer`."""
+    return lambda: IncrementalDetokenizer(tokenizer)
+
+
 def engine_config(
-    settings: Settings, artifact: Any, device: str, dtype: str, vocab_limit: int | None = None
+    settings: Settings, artifact: Artifact | None, device: str, dtype: str, vocab_limit: int | None = None
 ) -> EngineConfig:
-    """Map the `engine`, `kv`, `sampling`, `spec` and `cold_tier` settings groups onto `EngineConfig`."""
+    """Map the `engine`, `kv`, `sampling`, `spec` and `cold_tier` settings groups onto `EngineConfig`,
+    with the artifact's sampler presets."""
     es, ss = settings.engine, settings.sampling
     return EngineConfig(
         max_concurrency=es.max_concurrency,
@@ -67,14 +90,23 @@ def engine_config(
             seed=ss.seed,
             greedy=ss.greedy,
         ),
-        thinking_preset=sampler_preset(artifact.model_id, artifact.family, True),
-        non_thinking_preset=sampler_preset(artifact.model_id, artifact.family, False),
         vocab_limit=vocab_limit,
         # "bf16" is the contract's default and means the model's own dtype (fp32 on a CPU run)
         kv_dtype="int8" if settings.kv.dtype == "int8" else None,
+        **preset_fields(artifact),
         **spec_fields(settings.spec),
         **cold_tier_fields(settings.cold_tier),
     )
+
+
+def preset_fields(artifact: Artifact | None) -> dict[str, Any]:
+    """The artifact's registered sampler presets by thinking mode; none (neutral sampling) without one."""
+    if artifact is None:
+        return {}
+    return {
+        "thinking_preset": sampler_preset(artifact.model_id, artifact.family, True),
+        "non_thinking_preset": sampler_preset(artifact.model_id, artifact.family, False),
+    }
 
 
 def spec_fields(spec: SpecSettings) -> dict[str, Any]:
@@ -96,8 +128,8 @@ def cold_tier_fields(ct: ColdTierSettings) -> dict[str, Any]:
 
 
 def engine_parts(
-    settings: Settings, artifact: Any
-) -> tuple[Any, EngineConfig, Callable[[], Detokenizer], DraftHead | None]:
+    settings: Settings, artifact: Artifact
+) -> tuple[Qwen35Model, EngineConfig, Callable[[], Detokenizer], DraftHead | None]:
     """Load the text model (plus, with --spec mtp, the MTP head and optional proposal head) on the
     configured device and dtype; build the config and detokenizer."""
     es = settings.engine
@@ -112,11 +144,11 @@ def engine_parts(
     draft_head = load_spec_weights(settings.spec, artifact, model, _DTYPES[dtype], device)
     tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
     config = engine_config(settings, artifact, device, dtype, vocab_limit=tokenizer.vocab_size)
-    return model, config, lambda: IncrementalDetokenizer(tokenizer), draft_head
+    return model, config, detokenizer_factory(tokenizer), draft_head
 
 
 def load_spec_weights(
-    spec: SpecSettings, artifact: Any, model: Any, dtype: torch.dtype, device: str | torch.device
+    spec: SpecSettings, artifact: Artifact, model: Qwen35Model, dtype: torch.dtype, device: str | torch.device
 ) -> DraftHead | None:
     """Attach the MTP head (spec.method == "mtp", and the proposal head if asked) or the DFlash drafter
     (spec.method == "dflash") to `model`; nothing without --spec (residency is frozen at startup)."""
@@ -145,7 +177,9 @@ def load_spec_weights(
     )
 
 
-def load_dflash_drafter(artifact: Any, model: Any, dtype: torch.dtype, device: str | torch.device) -> None:
+def load_dflash_drafter(
+    artifact: Artifact, model: Qwen35Model, dtype: torch.dtype, device: str | torch.device
+) -> None:
     """Attach the artifact's `dflash` component to `model` as `model.dflash`."""
     from ninfer.artifact.dflash import COMPONENT, read_dflash_config
     from ninfer.model.dflash import load_dflash
@@ -162,7 +196,7 @@ def load_dflash_drafter(artifact: Any, model: Any, dtype: torch.dtype, device: s
         raise EngineConfigError(f"spec.method=dflash: {exc}") from None
 
 
-def vision_tower(artifact: Any, config: EngineConfig) -> torch.nn.Module:
+def vision_tower(artifact: Artifact, config: EngineConfig) -> torch.nn.Module:
     """The artifact's `vision` component as a tower on the engine's device and dtype (--vision only)."""
     from ninfer.model.vision import VisionConfig, load_vision_tower
 

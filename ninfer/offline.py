@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,6 +13,11 @@ from ninfer.engine.api import FinishReason, SamplingParams
 from ninfer.model.cache import PAGE_SIZE, KVPool, StatePool, make_batch
 from ninfer.model.qwen35 import Qwen35Model
 from ninfer.model.weights import load_model
+
+if TYPE_CHECKING:
+    from ninfer.config import Settings
+    from ninfer.engine.engine import Engine
+    from ninfer.text.tokenizer import Tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PREFILL_CHUNK = 512
@@ -37,6 +42,23 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def _settings(lanes: int, max_context: int) -> Settings:
+    """The offline engine's settings: `lanes` sequences of `max_context` tokens (whole pages) in one KV
+    pool, requests that wait as long as a script does; the settings models' defaults otherwise (the
+    process's NINFER_* variables are not read)."""
+    from ninfer.config.loader import settings_from_tree
+
+    max_context = -(-max_context // PAGE_SIZE) * PAGE_SIZE
+    engine = {
+        "max_concurrency": lanes,
+        "max_pending_requests": 64,
+        "pending_timeout_ms": 24 * 3600 * 1000,
+        "prefill_chunk": PREFILL_CHUNK,
+        "max_context": max_context,
+    }
+    return settings_from_tree({"engine": engine, "kv": {"capacity": lanes * max_context}}, env=False)
+
+
 class LLM:
     """A model loaded from a `.ninfer` artifact (or given directly), for scripts, tests and benchmarks."""
 
@@ -58,19 +80,19 @@ class LLM:
         self._setup(model, tokenizer)
 
     @classmethod
-    def from_model(cls, model: Qwen35Model, tokenizer: Any | None = None) -> LLM:
+    def from_model(cls, model: Qwen35Model, tokenizer: Tokenizer | None = None) -> LLM:
         """Wrap an already built model (tests, benchmarks)."""
         llm = cls.__new__(cls)
         llm._setup(model, tokenizer)
         return llm
 
-    def _setup(self, model: Qwen35Model, tokenizer: Any | None) -> None:
+    def _setup(self, model: Qwen35Model, tokenizer: Tokenizer | None) -> None:
         self.model = model
         self.config = model.config
         self.tokenizer = tokenizer
         self.device = model.embed_tokens.weight.device
         self.dtype = model.embed_tokens.weight.dtype
-        self._engine_obj: Any = None
+        self._engine_obj: Engine | None = None
 
     # ----- state for one sequence -----
     def _pools(self, total_tokens: int) -> tuple[KVPool, StatePool, list[int]]:
@@ -107,34 +129,15 @@ class LLM:
         return [int(t) for t in prompt]
 
     # ----- generation through the engine -----
-    def _engine(self, lanes: int, max_context: int) -> Any:
+    def _engine(self, lanes: int, max_context: int) -> Engine:
         """The offline engine, rebuilt only when a call needs more lanes or a longer context."""
-        from ninfer.engine.config import EngineConfig
-        from ninfer.engine.engine import Engine
+        from ninfer.bootstrap import engine_for_model
 
         cur = self._engine_obj
         if cur is not None and cur.config.max_concurrency >= lanes and cur.config.max_context >= max_context:
             return cur
         self.close()
-        max_context = -(-max_context // PAGE_SIZE) * PAGE_SIZE
-        config = EngineConfig(
-            max_concurrency=lanes,
-            max_pending=64,
-            pending_timeout_ms=24 * 3600 * 1000,
-            prefill_chunk=PREFILL_CHUNK,
-            max_context=max_context,
-            kv_capacity=lanes * max_context,
-            device=str(self.device),
-            dtype=str(self.dtype).removeprefix("torch."),
-            vocab_limit=self.tokenizer.vocab_size if self.tokenizer is not None else None,
-        )
-        detok = None
-        if self.tokenizer is not None:
-            from ninfer.text.detok import IncrementalDetokenizer
-
-            tok = self.tokenizer
-            detok = lambda: IncrementalDetokenizer(tok)  # noqa: E731
-        self._engine_obj = Engine(self.model, config, detok).start()
+        self._engine_obj = engine_for_model(_settings(lanes, max_context), self.model, self.tokenizer).start()
         return self._engine_obj
 
     def close(self) -> None:

@@ -30,6 +30,7 @@ from ninfer.api.parse_guard import guarded
 from ninfer.api.pipeline import Generation
 from ninfer.frontend.conversation import Conversation
 from ninfer.frontend.options import RequestOptions
+from ninfer.text.tokenizer import Tokenizer
 
 LOGPROBS_MAX = 20  # alternatives per token (the engine's bound; OpenAI's legacy API allows 5)
 
@@ -40,7 +41,7 @@ KNOWN = (
 )  # fmt: skip
 
 
-def prompt_ids(value: Any, tokenizer: Any, param: str = "prompt") -> tuple[tuple[int, ...], str]:
+def prompt_ids(value: Any, tokenizer: Tokenizer, param: str = "prompt") -> tuple[tuple[int, ...], str]:
     """(token ids, prompt text) of a string or token-id prompt; a batch must hold one prompt."""
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
         value = value[0]

@@ -9,6 +9,7 @@ from typing import Any
 from ninfer.api.errors import ApiError, invalid
 from ninfer.api.pipeline import Caller, Pipeline
 from ninfer.api.responses.store import ResponseStore
+from ninfer.text.tokenizer import Tokenizer
 
 
 def caller(req: Any) -> Caller:
@@ -48,7 +49,7 @@ class ApiContext:
         prompts = getattr(self.pipeline, "prompts", None)
         return tuple(getattr(getattr(prompts, "caps", None), "efforts", ()) or ())
 
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         """The artifact's tokenizer (`encode`, `decode`, `vocab_size`); needs the loaded pipeline."""
         return self.require_pipeline().prompts.tokenizer  # type: ignore[attr-defined]
 

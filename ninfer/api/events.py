@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from ninfer.engine.api import ConstraintSpec, SamplingParams
 from ninfer.frontend import parser
-from ninfer.frontend.conversation import ToolCall
+from ninfer.frontend.conversation import Conversation, ToolCall
 from ninfer.frontend.options import RequestOptions
 from ninfer.frontend.parser import (
     ReasoningDelta,
@@ -86,7 +86,7 @@ class GenerationJob:
     """What a protocol adapter hands the pipeline after validating its own request schema."""
 
     protocol: Protocol
-    conversation: Any  # ninfer.frontend Conversation
+    conversation: Conversation
     controls: RequestOptions  # thinking / effort / preserve fields exactly as the request spelled them
     params: SamplingParams
     max_tokens_given: bool

@@ -11,16 +11,61 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ninfer.api.errors import ApiError
 from ninfer.engine.multimodal import MultimodalPrompt
 from ninfer.frontend.conversation import ImagePart, VideoPart
 from ninfer.media.cache import PreparationTimeout
-from ninfer.media.config import IMAGE, VIDEO, PreparedMedia
+from ninfer.media.config import IMAGE, VIDEO, ImageProcessing, PreparedMedia, VideoProcessing
 from ninfer.media.errors import MediaError
 from ninfer.media.mrope_index import MMTokenIds, build_mm_positions, expand_placeholders
 from ninfer.media.prepare import MediaItem, MediaPreparer, PreparedRequest, RequestLimits
+
+
+class MediaSettings(Protocol):
+    """The `vision` settings group as the media path reads it (`ninfer.config`'s `VisionSettings`)."""
+
+    @property
+    def media_cache_mib(self) -> int: ...
+    @property
+    def media_live_mib(self) -> int: ...
+    @property
+    def media_preprocess_threads(self) -> int: ...
+    @property
+    def media_max_fetch_mib(self) -> int: ...
+    @property
+    def media_fetch_timeout_s(self) -> float: ...
+    @property
+    def allow_private_media_urls(self) -> bool: ...
+
+
+class VisionTokens(Protocol):
+    """The artifact's text config as the media path reads it (`ninfer.model.config.TextConfig`)."""
+
+    @property
+    def image_token_id(self) -> int: ...
+    @property
+    def video_token_id(self) -> int: ...
+    @property
+    def vision_start_token_id(self) -> int: ...
+    @property
+    def vision_end_token_id(self) -> int: ...
+    @property
+    def vision(self) -> dict[str, Any] | None:
+        """The vision tower's Hugging Face config (its patch geometry), when the checkpoint has one."""
+        ...
+
+
+class MediaArtifact(Protocol):
+    """The opened artifact as the media path reads it (`ninfer.artifact.Artifact`)."""
+
+    @property
+    def config(self) -> VisionTokens: ...
+
+    def media_config(self, name: str) -> dict[str, Any] | None:
+        """A processor config carried from the checkpoint, or None when it shipped none."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -126,7 +171,9 @@ class MediaPrompts:
         }
         return ExpandedMedia(tuple(exp.token_ids), mm, shift(turn), shift(response), log)
 
-    def _shifts(self, token_ids: Sequence[int], media: Sequence[Any]) -> Callable[[int | None], int | None]:
+    def _shifts(
+        self, token_ids: Sequence[int], media: Sequence[PreparedMedia]
+    ) -> Callable[[int | None], int | None]:
         """Map a boundary in the unexpanded prompt to the expanded one."""
         pads = [i for i, t in enumerate(token_ids) if t in (self.ids.image_pad, self.ids.video_pad)]
         grow = [
@@ -143,11 +190,9 @@ class MediaPrompts:
         return shift
 
 
-def _processing(artifact: Any, vision: dict[str, Any]) -> tuple[Any, Any]:
+def _processing(artifact: MediaArtifact, vision: dict[str, Any]) -> tuple[ImageProcessing, VideoProcessing]:
     """Image / video processing from the artifact's processor configs, or the class defaults with the
     tower's patch geometry when the checkpoint shipped none."""
-    from ninfer.media.config import ImageProcessing, VideoProcessing
-
     geometry = {
         "patch_size": vision.get("patch_size", 16),
         "temporal_patch_size": vision.get("temporal_patch_size", 2),
@@ -159,13 +204,13 @@ def _processing(artifact: Any, vision: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def build_media_prompts(
-    settings: Any, artifact: Any, encode_text: Callable[[str], list[int]]
+    vs: MediaSettings, max_context: int, artifact: MediaArtifact, encode_text: Callable[[str], list[int]]
 ) -> MediaPrompts:
-    """The --vision media path: cache, fetch policy and processing from the settings and the artifact."""
+    """The --vision media path: cache, fetch policy and processing from the `vision` settings and the
+    artifact; request budgets from the engine's `max_context`."""
     from ninfer.media.cache import MediaCache
     from ninfer.media.fetch import FetchLimits
 
-    vs = settings.vision
     cfg = artifact.config
     image, video = _processing(artifact, cfg.vision or {})
     cache = MediaCache(vs.media_cache_mib << 20, vs.media_live_mib << 20, vs.media_preprocess_threads)
@@ -178,4 +223,4 @@ def build_media_prompts(
         cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id
     )
     preparer = MediaPreparer(cache, fetch, image, video)
-    return MediaPrompts(preparer, settings.engine.max_context, encode_text, ids, image.merge_size)
+    return MediaPrompts(preparer, max_context, encode_text, ids, image.merge_size)

@@ -9,7 +9,9 @@ from typing import Any, Protocol
 from ninfer.api.errors import ApiError
 from ninfer.api.events import GenerationJob
 from ninfer.engine.api import ConstraintSpec, GenerationRequest, RequestStats, StepOutput
+from ninfer.engine.multimodal import MultimodalPrompt
 from ninfer.engine.tickets import Ticket  # a lifetime reservation (its deadline bounds media prep)
+from ninfer.frontend.conversation import Conversation, Tool
 from ninfer.frontend.options import RequestOptions
 from ninfer.frontend.parser import Event, ParseResult  # the decoder's text events
 
@@ -26,7 +28,7 @@ class Prepared:
     response_checkpoint: int | None = None
     media_items: int = 0
     # expanded media (vision on): the engine's input, owning the payload references until closed
-    multimodal: Any = None
+    multimodal: MultimodalPrompt | None = None
     media_log: dict[str, Any] | None = None  # request-log acquisition / preprocessing / cache fields
 
     def release_media(self) -> None:
@@ -56,13 +58,17 @@ class PromptPort(Protocol):
         ...
 
     def prepare(
-        self, conversation: Any, controls: RequestOptions, tools_present: bool, deadline: float | None = None
+        self,
+        conversation: Conversation,
+        controls: RequestOptions,
+        tools_present: bool,
+        deadline: float | None = None,
     ) -> Prepared:
         """Resolve template options, render and prepare media (until the monotonic `deadline`);
         raises ApiError for any request-caused failure."""
         ...
 
-    def decoder(self, prepared: Prepared, tools: list[Any]) -> OutputDecoder:
+    def decoder(self, prepared: Prepared, tools: list[Tool]) -> OutputDecoder:
         """A fresh decoder for one response (stop strings are the engine's: its text omits them)."""
         ...
 

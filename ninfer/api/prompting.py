@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from ninfer.api.compat import HINT
 from ninfer.api.errors import ApiError, invalid
@@ -114,5 +113,5 @@ class FrontendPrompts:
             media_log=media_log,
         )
 
-    def decoder(self, prepared: Prepared, tools: list[Any]) -> FrontendDecoder:
+    def decoder(self, prepared: Prepared, tools: list[Tool]) -> FrontendDecoder:
         return FrontendDecoder(prepared.thinking, tools)

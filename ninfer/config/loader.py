@@ -121,8 +121,14 @@ def _reject_unknown_env(group: str, model: type[BaseSettings], prefix: str) -> N
             raise ConfigError(f"{env_name}: unknown environment setting (valid keys of {group}: {valid})")
 
 
-def settings_from_tree(tree: dict[str, Any], explicit: AbstractSet[str] = frozenset()) -> Settings:
-    """Settings from a composed config tree; NINFER_* env replaces every value not in ``explicit``."""
+def settings_from_tree(
+    tree: dict[str, Any], explicit: AbstractSet[str] = frozenset(), *, env: bool = True
+) -> Settings:
+    """Settings from a composed config tree; NINFER_* env replaces every value not in ``explicit``.
+
+    ``env=False``: the tree over the models' defaults, the environment not read (the offline `LLM`,
+    whose engine must not change with the NINFER_* variables of the process that runs a script).
+    """
     tree = dict(tree)
     tree.pop("hydra", None)
     unknown = sorted(set(tree) - set(GROUPS))
@@ -136,14 +142,16 @@ def settings_from_tree(tree: dict[str, Any], explicit: AbstractSet[str] = frozen
         if not isinstance(tree.get(name) or {}, dict):
             raise ConfigError.for_key(name, tree[name], "must be a mapping of keys")
         sources: dict[str, str] = {}
-        env = EnvSettingsSource(model)()
-        prefix = model.model_config.get("env_prefix", "")
-        _reject_unknown_env(name, model, prefix)
-        for field, env_value in env.items():
-            key = f"{name}.{field}"
-            if key not in explicit:
-                values[field] = env_value
-                sources[key] = f"{prefix}{field.upper()}"
+        if not env:  # every field given: the model has nothing left to read from the environment
+            values = {**defaults(model), **values}
+        else:
+            prefix = model.model_config.get("env_prefix", "")
+            _reject_unknown_env(name, model, prefix)
+            for field, env_value in EnvSettingsSource(model)().items():
+                key = f"{name}.{field}"
+                if key not in explicit:
+                    values[field] = env_value
+                    sources[key] = f"{prefix}{field.upper()}"
         try:
             groups[name] = model(**values)
         except ValidationError as exc:

@@ -42,7 +42,9 @@ class EngineView(EnginePort, Protocol):
         """Set once the engine thread died."""
         ...
 
-    def start(self) -> Any: ...
+    def start(self) -> EngineView:
+        """Start the engine thread; returns the engine."""
+        ...
 
     def wait_prepared(self, timeout: float | None = None) -> bool:
         """Block until warm-up and CUDA graph capture are done (False: failed or timed out)."""

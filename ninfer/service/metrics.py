@@ -9,12 +9,13 @@ NInfer unchanged. `docs/metrics.md` maps each series to its meaning and its peer
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ninfer.engine.api import RequestStats
+from ninfer.engine.speculative import counters as spec_counters
 from ninfer.service.engine_view import EngineView
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -109,7 +110,7 @@ class ServiceMetrics:
                 child.observe(value)
 
     def observe_done(
-        self, finish_reason: str, completion_tokens: int, timings: dict[str, float], stats: Any
+        self, finish_reason: str, completion_tokens: int, timings: dict[str, float], stats: RequestStats
     ) -> None:
         """One finished request: latencies, tokens, prefix-cache hits, reuse path, speculation."""
         label = self._label()
@@ -124,9 +125,9 @@ class ServiceMetrics:
         self._inc("ninfer_generation_tokens", completion_tokens)
         self._inc("ninfer_prefix_cache_queries", stats.prompt_tokens)
         self._inc("ninfer_prefix_cache_hits", stats.cached_tokens)
-        spec = stats.speculative or {}
-        self._inc("ninfer_spec_decode_num_draft_tokens", int(spec.get("drafted_tokens", 0)))
-        self._inc("ninfer_spec_decode_num_accepted_tokens", int(spec.get("accepted_tokens", 0)))
+        spec = stats.speculative
+        self._inc("ninfer_spec_decode_num_draft_tokens", spec_counters.count(spec, "drafted_tokens"))
+        self._inc("ninfer_spec_decode_num_accepted_tokens", spec_counters.count(spec, "accepted_tokens"))
         for c in self._success:
             c.labels(label, finish_reason).inc()
         self._reuse.labels(label, str(stats.reuse_path)).inc()

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ninfer.api.context import ApiContext
 from ninfer.api.pipeline import Pipeline, PipelineConfig
@@ -23,13 +23,16 @@ from ninfer.service.request_log import RequestLog, redact_argv
 from ninfer.service.telemetry import Tracing
 from ninfer.service.throughput import ThroughputReporter
 
+if TYPE_CHECKING:
+    from ninfer.artifact import Artifact
+
 RELEASE_WAIT_S = 5.0  # after the engine drained: bound on waiting for responses to be released
 
 # (settings, artifact) -> a loaded engine (`ninfer.bootstrap.build_engine`, or a test fake)
-EngineFactory = Callable[[Settings, Any], EngineView]
+EngineFactory = Callable[[Settings, "Artifact"], EngineView]
 
 
-def default_engine_factory(settings: Settings, artifact: Any) -> EngineView:
+def default_engine_factory(settings: Settings, artifact: Artifact) -> EngineView:
     from ninfer.bootstrap import build_engine
 
     return build_engine(settings, artifact)
@@ -155,7 +158,9 @@ class ServiceRuntime:
         if self.settings.vision.enabled:  # media preparation exists only with --vision
             from ninfer.api.media_prompt import build_media_prompts
 
-            media = build_media_prompts(self.settings, artifact, tokenizer.encode)
+            media = build_media_prompts(
+                self.settings.vision, self.settings.engine.max_context, artifact, tokenizer.encode
+            )
         prompts = FrontendPrompts(artifact.chat_template, tokenizer, defaults, media)
         engine = self.engine = self.engine_factory(self.settings, artifact)  # loads the weights
         engine.start()
@@ -178,7 +183,7 @@ class ServiceRuntime:
         logger().info("ready: serving %s in %.3fs", self.ctx.model_id, time.monotonic() - t0)
 
     def _server_start(
-        self, eng: EngineView, path: str, artifact: Any, compile_report: dict[str, object]
+        self, eng: EngineView, path: str, artifact: Artifact, compile_report: dict[str, object]
     ) -> None:
         opts = self.options
         cfg = eng.config  # the engine's resolved EngineConfig

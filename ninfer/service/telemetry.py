@@ -15,6 +15,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ninfer.api.events import GenerationJob
+from ninfer.api.ports import Prepared
+from ninfer.engine.api import GenerationRequest
 from ninfer.service.request_id import client_request_id
 
 EXPORTERS = ("none", "console", "otlp")
@@ -67,7 +70,9 @@ class Tracing:
     def enabled(self) -> bool:
         return self.tracer is not None
 
-    def request_started(self, request_id: int, job: Any, prepared: Any, request: Any) -> None:
+    def request_started(
+        self, request_id: int, job: GenerationJob, prepared: Prepared, request: GenerationRequest
+    ) -> None:
         if self.tracer is None:
             return
         span = trace.get_current_span()

@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from ninfer.config import ConfigError, Settings, check_against_artifact, load_settings
-from ninfer.config.loader import _compose, _composed, conf_dir, group_options
+from ninfer.config.loader import _compose, _composed, conf_dir, group_options, settings_from_tree
 from ninfer.config.options import hydra_quote
 
 PRESETS = {
@@ -150,6 +150,18 @@ def test_env_overrides_yaml_and_explicit_overrides_win(monkeypatch: pytest.Monke
         == "engine.max_concurrency=9 (from NINFER_ENGINE_MAX_CONCURRENCY): must be an integer in 1..8"
     )
     assert load_settings(["engine.max_concurrency=3"]).engine.max_concurrency == 3
+
+
+def test_settings_without_env_read_no_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NINFER_ENGINE_NO_CUDA_GRAPH", "true")
+    monkeypatch.setenv("NINFER_KV_DTYPE", "int8")
+    monkeypatch.setenv("NINFER_SPEC_METHOD", "mtp")
+    monkeypatch.setenv("NINFER_SERVER_API_KEX", "hidden-value")  # not even a misspelt one
+    settings = settings_from_tree({"engine": {"max_concurrency": 2}}, env=False)
+    assert settings.engine.max_concurrency == 2
+    assert (settings.engine.no_cuda_graph, settings.kv.dtype, settings.spec.method) == (False, "bf16", None)
+    with pytest.raises(ConfigError, match=r"engine\.max_concurrency=9: "):
+        settings_from_tree({"engine": {"max_concurrency": 9}}, env=False)
 
 
 def test_misspelt_env_variable_is_rejected_without_its_value(monkeypatch: pytest.MonkeyPatch) -> None:

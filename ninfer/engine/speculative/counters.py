@@ -31,8 +31,15 @@ def new_counters(backend: str, draft_window: int) -> Counters:
     }
 
 
+def count(c: Counters, key: str) -> int:
+    """One integer field (0 when absent: a request decoded without a speculative backend has none)."""
+    value = c.get(key, 0)
+    assert isinstance(value, int), f"{key}: {value!r}"
+    return value
+
+
 def _add(c: Counters, key: str, n: int = 1) -> None:
-    c[key] = int(c[key]) + n  # type: ignore[call-overload]
+    c[key] = count(c, key) + n
 
 
 def begin_row(c: Counters, drafted: int) -> None:
@@ -40,7 +47,7 @@ def begin_row(c: Counters, drafted: int) -> None:
     if drafted == 0:
         _add(c, "fallback_steps")
         return
-    if not 0 < drafted <= int(c["draft_window"]):  # type: ignore[call-overload]
+    if not 0 < drafted <= count(c, "draft_window"):
         raise ValueError(f"{drafted} drafts in a window of {c['draft_window']}")
     _add(c, "rounds")
     _add(c, "drafted_tokens", drafted)
