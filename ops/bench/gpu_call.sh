@@ -12,7 +12,11 @@
 # "probe" (ops/bench/oracle_probe.py), "spec_identity" (ops/bench/spec_identity.py), "moe_sweep"
 # (moe_micro.py --sweep at SWEEP_TOKENS) and "serve_27b" / "serve_35b" (ops/bench/serve.py on a
 # synthetic-weight artifact of the full shape: SERVE_S seconds, SOAK_S of soak, SERVE_ARGS more
-# flags; results under OUT_DIR/27b and OUT_DIR/35b). At most
+# flags; results under OUT_DIR/27b and OUT_DIR/35b) and "conversations_35b" (serve.py's conversations
+# mode on the 35B-A3B synthetic artifact: CONV_N conversations (16) over 8 lanes growing to
+# CONV_HISTORY tokens (16384) in CONV_TURNS turns (4), the cold tier on GPU 1 when there is one,
+# then the same conversations with --no-cold-tier; CONV_S seconds (480), CONV_ARGS more flags;
+# result under OUT_DIR/conv35). At most
 # eight files land in OUT_DIR (logs, result JSON; the 35B-A3B result under OUT_DIR/m35).
 # BENCH27_ARGS / BENCH35_ARGS replace the benches' section flags (defaults: "--skip hf" and
 # "--skip hf,spec --startup qwen3.6-35b-a3b"); BENCH27_S / BENCH35_S their seconds (300 / 220);
@@ -75,11 +79,25 @@ for step in $steps; do
         run "$step" "${SERVE_S:-280}" python3 ops/bench/serve.py "/tmp/$step.ninfer" --model "$shape" \
             --out "$out/${step#serve_}" --soak-s "${SOAK_S:-120}" ${SERVE_ARGS:-} \
             -- --max-concurrency 8 --max-context 10240 --max-pending-requests 32 ;;
+    conversations_35b)  # restores from the cold tier against re-prefills, at the same history lengths
+        pkill -f ninfer.service.cli && sleep 5  # a server left by a step cut short holds the GPU
+        python3 -m ninfer.artifact synth --shape qwen3.6-35b-a3b "/tmp/$step.ninfer" --force >>"$out/$step.log" 2>&1
+        history=${CONV_HISTORY:-16384}
+        context=$((history + 2048))  # the KV pool holds every lane's full history: lanes, not pages, evict
+        tier=""  # the tier's arena on the second GPU (without one the server says why it runs none)
+        [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && tier="--cold-tier-device 1"
+        # shellcheck disable=SC2086  # CONV_ARGS and tier are word lists
+        run "$step" "${CONV_S:-480}" python3 ops/bench/serve.py "/tmp/$step.ninfer" --model qwen3.6-35b-a3b \
+            --out "$out/conv35" --conversations "${CONV_N:-16}" --turns "${CONV_TURNS:-4}" \
+            --history-tokens "$history" --compare-no-cold-tier \
+            --skip first,c1,c8,c32,poisson,lengths,multi_turn,soak,engine ${CONV_ARGS:-} \
+            -- --max-concurrency 8 --max-context "$context" --kv-capacity $((8 * context)) \
+            --max-pending-requests 32 $tier ;;
     micro)
         run micro 90 python3 ops/bench/moe_micro.py --out "$out"
         run micro 60 python3 ops/bench/gemv_micro.py --out "$out"
         ;;
-    *) echo "unknown step $step (bench_27b bench_35b serve_27b serve_35b probe spec_identity moe_sweep kernel_tests micro)" ;;
+    *) echo "unknown step $step (bench_27b bench_35b serve_27b serve_35b conversations_35b probe spec_identity moe_sweep kernel_tests micro)" ;;
     esac
 done
 echo "done in $(($(date +%s) - start)) s"

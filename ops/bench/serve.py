@@ -12,6 +12,15 @@ its own connection:
 - `lengths`: one request per prompt length from 32 to 8k tokens (TTFT; shows compile outliers);
 - `multi_turn`: conversations through Chat (history re-sent) and Responses
   (`previous_response_id`); every later turn should report cached tokens;
+- `conversations` (with `--conversations N`): N streaming multi-turn conversations at temperature 0
+  whose histories grow to `--history-tokens` in `--turns` turns, more of them than the server has
+  lanes, so residents are evicted (parked in the cold tier when the server has one); later turns'
+  TTFT split by how the request log says each got its prefix (`cold_tier_restored`,
+  `prefix_reuse_path`), output tok/s, errors, and whether the server ran a cold tier (the reason
+  when not). `--compare-no-cold-tier` then runs the same conversations on a second server with
+  `--no-cold-tier`: restore TTFT against re-prefill TTFT at the same turn, and greedy identity of
+  each later turn of a restored conversation (`ops/bench/serve_conversations.py`). To run it
+  alone: `--skip first,c1,c8,c32,poisson,lengths,multi_turn,soak,engine`;
 - `soak`: 32 clients for `--soak-s` seconds (requests, errors).
 Then it reads the server's compilations after ready (`/health` `late_compiles`), stops it, and
 measures the engine alone on the same artifact with the same settings (batch 1 and 8 tok/s, TTFT
@@ -37,6 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from ops.bench import serve_conversations as conversations
 from ops.bench.report import provenance, write_json
 from ops.bench.serve_client import Result, get_json, prompt_text, stream, summarize
 
@@ -50,12 +60,13 @@ def _free_port() -> int:
 class Server:
     """`ninfer-serve` in a subprocess: started, waited for, stopped."""
 
-    def __init__(self, artifact: str, flags: list[str], log_dir: Path) -> None:
+    def __init__(self, artifact: str, flags: list[str], log_dir: Path, name: str = "serve") -> None:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.request_log = log_dir / "serve-requests.jsonl"
+        self.request_log = log_dir / f"{name}-requests.jsonl"
         self.argv = [artifact, "--port", str(self.port), "--request-log-jsonl", str(self.request_log), *flags]
-        self.stdout = open(log_dir / "serve-server.log", "w")
+        self.server_log = log_dir / f"{name}-server.log"
+        self.stdout = open(self.server_log, "w")
         cmd = [sys.executable, "-m", "ninfer.service.cli", *self.argv]
         self.t_start = time.monotonic()
         self.proc = subprocess.Popen(
@@ -279,6 +290,29 @@ def engine_alone(argv: list[str], words: int, output_tokens: int, smoke: bool) -
     }
 
 
+def _conversations(server: Server, model_id: str, script: conversations.Script) -> conversations.Measured:
+    return conversations.measure(server.base, model_id, script, server.request_log, server.server_log)
+
+
+def _compare_no_cold_tier(
+    artifact: str, flags: list[str], out: Path, ready_timeout_s: float, with_tier: conversations.Measured
+) -> dict[str, Any]:
+    """The same conversations on a fresh server without the cold tier: its summary under
+    `no_cold_tier`, then restore against re-prefill and greedy identity."""
+    script = with_tier.script
+    server = Server(artifact, [*flags, "--no-cold-tier"], out, name="serve-no-cold-tier")
+    try:
+        ready_s = server.wait_ready(ready_timeout_s)
+        _, models = get_json(server.base, "/v1/models")
+        without = _conversations(server, models["data"][0]["id"], script)
+    finally:
+        server.stop()
+    return {
+        "no_cold_tier": {"ready_s": round(ready_s, 3), **without.summary},
+        **conversations.compare(with_tier, without),
+    }
+
+
 def _ratios(result: dict[str, Any]) -> None:
     """Served tok/s as a fraction of the engine's at the same batch (c32 runs 8 lanes)."""
     eng, http = result["engine_tok_s"], result["http"]
@@ -302,7 +336,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--soak-s", type=float, default=180.0)
     p.add_argument("--ready-timeout-s", type=float, default=900.0)
     p.add_argument(
-        "--skip", default="", help="comma-separated sections to skip (c32,poisson,lengths,soak,engine,...)"
+        "--skip",
+        default="",
+        help="comma-separated sections to skip (first,c1,c8,c32,poisson,lengths,multi_turn,soak,engine)",
+    )
+    p.add_argument(
+        "--conversations",
+        type=int,
+        default=0,
+        help="N concurrent multi-turn conversations over the server's lanes (0: none)",
+    )
+    p.add_argument("--turns", type=int, default=4, help="turns per conversation of --conversations")
+    p.add_argument(
+        "--history-tokens",
+        type=int,
+        default=None,
+        help="the history a conversation reaches at its last turn (default 4096; 160 with --smoke)",
+    )
+    p.add_argument(
+        "--compare-no-cold-tier",
+        action="store_true",
+        help="run the conversations again on a server with --no-cold-tier and compare",
     )
     p.add_argument("--engine-into", type=Path, default=None,
                    help="only the engine-alone figures, added to this earlier result JSON of the same artifact")  # fmt: skip
@@ -345,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still stops the server
     server = Server(args.artifact, flags, args.out)
+    with_tier: conversations.Measured | None = None
     try:
         result["ready_s"] = round(server.wait_ready(args.ready_timeout_s), 3)
         _, models = get_json(server.base, "/v1/models")
@@ -353,12 +408,15 @@ def main(argv: list[str] | None = None) -> int:
         load = Load(model_id, args.prompt_words, out_tokens)
         http: dict[str, Any] = {}
         result["http"] = http
-        first, wall = closed_loop(server.base, load, size.burst, 1)  # sent the moment the server said ready
-        result["first_after_ready_ttft_ms"] = _ms(min(r.ttft_s or 1e9 for r in first))
-        result["first_after_ready"] = summarize(first, wall)
-        http["c1"] = summarize(*closed_loop(server.base, load, 1, size.c1))
-        result["steady_ttft_ms"] = http["c1"]["ttft_ms"]["p50"]
-        http["c8"] = summarize(*closed_loop(server.base, load, size.burst, size.c8))
+        if "first" not in skip:  # sent the moment the server said ready
+            first, wall = closed_loop(server.base, load, size.burst, 1)
+            result["first_after_ready_ttft_ms"] = _ms(min(r.ttft_s or 1e9 for r in first))
+            result["first_after_ready"] = summarize(first, wall)
+        if "c1" not in skip:
+            http["c1"] = summarize(*closed_loop(server.base, load, 1, size.c1))
+            result["steady_ttft_ms"] = http["c1"]["ttft_ms"]["p50"]
+        if "c8" not in skip:
+            http["c8"] = summarize(*closed_loop(server.base, load, size.burst, size.c8))
         save()
         if "c32" not in skip and size.c32:
             http["c32"] = summarize(*closed_loop(server.base, load, 32, size.c32))
@@ -373,6 +431,12 @@ def main(argv: list[str] | None = None) -> int:
         if "multi_turn" not in skip:
             result["multi_turn"] = multi_turn(server.base, load, size.conversations, size.turns)
         save()
+        if args.conversations:
+            history = args.history_tokens or (160 if args.smoke else 4096)
+            script = conversations.plan(server.base, args.conversations, args.turns, history, out_tokens)
+            with_tier = _conversations(server, model_id, script)
+            result["conversations"] = {**script.describe(), **with_tier.summary}
+            save()
         if "soak" not in skip:
             clients = 4 if args.smoke else 32
             soak, wall = timed_loop(server.base, load, clients, size.soak_s or args.soak_s)
@@ -385,6 +449,11 @@ def main(argv: list[str] | None = None) -> int:
         save()
     finally:
         server.stop()
+    if with_tier is not None and args.compare_no_cold_tier:
+        result["conversations"].update(
+            _compare_no_cold_tier(args.artifact, flags, args.out, args.ready_timeout_s, with_tier)
+        )
+        save()
     if "engine" not in skip:
         result.update(engine_alone([args.artifact, *flags], args.prompt_words, out_tokens, args.smoke))
         _ratios(result)

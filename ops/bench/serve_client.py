@@ -48,18 +48,29 @@ def _open(base: str, timeout: float) -> http.client.HTTPConnection:
     return http.client.HTTPConnection(host, int(port or 80), timeout=timeout)
 
 
-def get_json(base: str, path: str, timeout: float = 10.0) -> tuple[int, Any]:
+def _json_call(base: str, method: str, path: str, body: Any, timeout: float) -> tuple[int, Any]:
     conn = _open(base, timeout)
     try:
-        conn.request("GET", path)
+        if body is None:
+            conn.request(method, path)
+        else:
+            conn.request(method, path, json.dumps(body), {"Content-Type": "application/json"})
         r = conn.getresponse()
-        body = r.read()
+        raw = r.read()
         try:
-            return r.status, json.loads(body)
+            return r.status, json.loads(raw)
         except ValueError:
             return r.status, None
     finally:
         conn.close()
+
+
+def get_json(base: str, path: str, timeout: float = 10.0) -> tuple[int, Any]:
+    return _json_call(base, "GET", path, None, timeout)
+
+
+def post_json(base: str, path: str, body: dict[str, Any], timeout: float = 30.0) -> tuple[int, Any]:
+    return _json_call(base, "POST", path, body, timeout)
 
 
 def _events(resp: http.client.HTTPResponse):
@@ -74,8 +85,11 @@ def _events(resp: http.client.HTTPResponse):
         yield json.loads(data)
 
 
-def stream(base: str, protocol: str, body: dict[str, Any], timeout: float = 600.0) -> Result:
-    """Send one streaming request (`protocol`: "chat" or "responses") and time it."""
+def stream(
+    base: str, protocol: str, body: dict[str, Any], timeout: float = 600.0, request_id: str | None = None
+) -> Result:
+    """Send one streaming request (`protocol`: "chat" or "responses") and time it; `request_id` goes
+    out as `x-request-id` (the request log's `client_request_id`)."""
     path = "/v1/chat/completions" if protocol == "chat" else "/v1/responses"
     payload = dict(body, stream=True)
     if protocol == "chat":
@@ -84,7 +98,10 @@ def stream(base: str, protocol: str, body: dict[str, Any], timeout: float = 600.
     conn = _open(base, timeout)
     res = Result(status=0)
     try:
-        conn.request("POST", path, json.dumps(payload), {"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if request_id is not None:
+            headers["x-request-id"] = request_id
+        conn.request("POST", path, json.dumps(payload), headers)
         resp = conn.getresponse()
         res.status = resp.status
         if resp.status != 200:

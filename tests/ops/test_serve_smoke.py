@@ -1,5 +1,6 @@
-"""The serving benchmark end to end on the CPU: a real server over HTTP with streaming clients,
-then the engine alone; the result JSON carries every figure the GPU runs report."""
+"""The serving benchmark end to end on the CPU: a real server over HTTP with streaming clients
+(the conversations mode included), then the engine alone; the result JSON carries every figure
+the GPU runs report."""
 
 from __future__ import annotations
 
@@ -12,10 +13,8 @@ from ops.bench import serve
 
 def test_serve_bench_smoke(tmp_path: Path) -> None:
     art = str(ensure_demo_artifact())
-    assert (
-        serve.main([art, "--model", "demo", "--out", str(tmp_path), "--smoke", "--skip", "poisson,lengths"])
-        == 0
-    )
+    argv = [art, "--model", "demo", "--out", str(tmp_path), "--smoke", "--skip", "poisson,lengths"]
+    assert serve.main([*argv, "--conversations", "3", "--turns", "2"]) == 0
     (path,) = tmp_path.glob("*-serve-demo.json")
     doc = json.loads(path.read_text())
     for key in ("commit", "date", "gpu", "command", "model", "first_after_ready_ttft_ms", "steady_ttft_ms"):
@@ -31,6 +30,14 @@ def test_serve_bench_smoke(tmp_path: Path) -> None:
     assert doc["late_compiles"] == 0  # nothing compiles on the CPU: the count is read and zero
     mt = doc["multi_turn"]
     assert mt["errors"] == 0 and mt["later_turns"] == 2 and mt["later_turns_cached"] == 2
+    conv = doc["conversations"]  # 3 conversations on 8 lanes: every later turn finds its lane
+    assert conv["errors"] == 0, conv["first_error"]
+    assert conv["requests"] == 6 and conv["later_turns"] == 3 and conv["later_turns_cached"] == 3
+    assert conv["output_tok_s"] > 0 and conv["history_tokens_reached"]["max"] > 0
+    assert conv["cold_tier"] is False and conv["cold_tier_reason"]  # no second GPU here: why is said
+    assert conv["cold_tier_settings"]["enabled"] is True and conv["parked"] == conv["restored"] == 0
+    assert set(conv["later_ttft_by_prefix"]) == {"resident"}
+    assert conv["later_ttft_by_prefix"]["resident"]["ttft_ms"]["p50"] > 0
     assert doc["soak"]["errors"] == 0 and doc["soak"]["requests"] >= 1
     assert doc["synthetic_weights"] is False
     assert (tmp_path / "serve-requests.jsonl").is_file()
