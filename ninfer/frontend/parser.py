@@ -45,6 +45,10 @@ class ReasoningDelta:
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    # Where `text` begins in everything fed to the parser, in characters (answer text is always one
+    # contiguous run of the output; the markup around it is what is dropped). A consumer maps it
+    # back to the tokens that produced the text (Responses output_text logprobs).
+    start: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,7 @@ class OutputParser:
         self._sep = ""  # whitespace dropped before the current tool block (restored if malformed)
         self._newlines = 0  # newlines dropped after </think>
         self._finished = False
+        self._fed = 0  # characters fed so far; `_buf` is always their suffix
         self.result = ParseResult()
 
     @property
@@ -154,6 +159,7 @@ class OutputParser:
         if self._finished:
             raise RuntimeError("parser already finished")
         self._buf += delta
+        self._fed += len(delta)
         events: list[Event] = []
         while self._step(events):
             pass
@@ -165,14 +171,15 @@ class OutputParser:
         if self._detok is not None:
             events += self.feed_text(self._detok.flush())
         buf, self._buf = self._buf, ""
+        at = self._fed - len(buf)
         if self._state == "reasoning":
             self._reasoning(events, buf)
         elif self._state == "text":
-            self._text(events, buf)
+            self._text(events, buf, at)
         elif self._state == "tool":
-            self._text(events, self._sep + CALL_START + buf)
+            self._text(events, self._sep + CALL_START + buf, self._block_start(at))
         elif self._state == "after_call" and buf.strip():
-            self._text(events, buf)
+            self._text(events, buf, at)
         self._finished = True
         return events
 
@@ -183,10 +190,14 @@ class OutputParser:
             events.append(ReasoningDelta(text))
             self.result.reasoning += text
 
-    def _text(self, events: list[Event], text: str) -> None:
+    def _text(self, events: list[Event], text: str, start: int) -> None:
         if text:
-            events.append(TextDelta(text))
+            events.append(TextDelta(text, start))
             self.result.content += text
+
+    def _block_start(self, at: int) -> int:
+        """Where the open tool block's separator begins, given where its body (`_buf`) begins."""
+        return at - len(CALL_START) - len(self._sep)
 
     def _call(self, events: list[Event], name: str, params: list[tuple[str, str]]) -> None:
         index = len(self.result.tool_calls)
@@ -200,6 +211,7 @@ class OutputParser:
 
     def _step(self, events: list[Event]) -> bool:
         buf = self._buf
+        at = self._fed - len(buf)  # where `buf` begins in the output
         state = self._state
         if state == "reasoning":
             end = buf.find(THINK_END)
@@ -223,30 +235,31 @@ class OutputParser:
             return True
         if state == "text":
             if not self._parse_tools:
-                self._text(events, buf)
+                self._text(events, buf, at)
                 self._buf = ""
                 return False
             start = buf.find(CALL_START)
             if start >= 0:
                 before = buf[:start]
                 space = _trailing_space(before)
-                self._text(events, before[: len(before) - space])
+                self._text(events, before[: len(before) - space], at)
                 self._sep = before[len(before) - space :]
                 self._buf = buf[start + len(CALL_START) :]
                 self._state = "tool"
                 return True
             hold = _partial_suffix(buf, CALL_START)
             hold += _trailing_space(buf[: len(buf) - hold])
-            self._text(events, buf[: len(buf) - hold])
+            self._text(events, buf[: len(buf) - hold], at)
             self._buf = buf[len(buf) - hold :]
             return False
         if state == "tool":
+            block = self._block_start(at)  # the held separator and <tool_call> precede `buf`
             end = buf.find(CALL_END)
             nested = buf.find(CALL_START)
             if end >= 0 and (nested < 0 or end < nested):
                 parsed = parse_block(buf[:end])
                 if parsed is None:
-                    self._text(events, self._sep + CALL_START + buf[: end + len(CALL_END)])
+                    self._text(events, self._sep + CALL_START + buf[: end + len(CALL_END)], block)
                     self._state = "text"
                 else:
                     self._call(events, *parsed)
@@ -257,7 +270,7 @@ class OutputParser:
             if nested >= 0:  # a new block opens before this one closed: this one is text
                 malformed = self._sep + CALL_START + buf[:nested]
                 space = _trailing_space(malformed)
-                self._text(events, malformed[: len(malformed) - space])
+                self._text(events, malformed[: len(malformed) - space], block)
                 self._sep = malformed[len(malformed) - space :]
                 self._buf = buf[nested + len(CALL_START) :]
                 return True

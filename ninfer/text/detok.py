@@ -31,6 +31,33 @@ def _may_complete(pending: bytes) -> bool:
     return True
 
 
+class Utf8Stream:
+    """Bytes -> text as each character completes; the concatenation equals the whole decode
+    (errors -> U+FFFD, one per maximal invalid subpart, where the full decode puts them)."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, data: bytes) -> str:
+        """Add bytes; return the characters that became complete."""
+        text = self._decoder.decode(data)
+        pending = self._decoder.getstate()[0]
+        if pending and not _may_complete(pending):
+            # CPython's incremental decoder can hold bytes that no continuation can make valid
+            # (e.g. ED A1, a surrogate); they are already U+FFFD in the full decode: emit them now.
+            text += self._decoder.decode(b"", final=True)
+            self._decoder.reset()
+        return text
+
+    def flush(self) -> str:
+        """End of input: what is held back (an unfinished character becomes U+FFFD)."""
+        return self._decoder.decode(b"", final=True)
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._decoder.getstate()[0])
+
+
 class IncrementalDetokenizer:
     """Turns a growing token sequence into text deltas whose concatenation equals ``decode``.
 
@@ -48,7 +75,7 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
         self._tokenizer = tokenizer
         self._skip = tokenizer.special_token_ids if skip_special_tokens else frozenset()
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stream = Utf8Stream()
         self._finished = False
 
     def push(self, ids: Sequence[int]) -> str:
@@ -56,24 +83,16 @@ class IncrementalDetokenizer:
         if self._finished:
             raise RuntimeError("push after flush")
         token_bytes = self._tokenizer.token_bytes
-        data = b"".join(token_bytes(i) for i in ids if i not in self._skip)
-        text = self._decoder.decode(data)
-        pending = self._decoder.getstate()[0]
-        if pending and not _may_complete(pending):
-            # CPython's incremental decoder can hold bytes that no continuation can make valid
-            # (e.g. ED A1, a surrogate); they are already U+FFFD in the full decode: emit them now.
-            text += self._decoder.decode(b"", final=True)
-            self._decoder.reset()
-        return text
+        return self._stream.push(b"".join(token_bytes(i) for i in ids if i not in self._skip))
 
     def flush(self) -> str:
         """End of sequence: return what is held back (an unfinished character becomes U+FFFD)."""
         if self._finished:
             return ""
         self._finished = True
-        return self._decoder.decode(b"", final=True)
+        return self._stream.flush()
 
     @property
     def pending_bytes(self) -> int:
         """Bytes received but not yet emitted (0-3: an unfinished UTF-8 character)."""
-        return len(self._decoder.getstate()[0])
+        return self._stream.pending_bytes

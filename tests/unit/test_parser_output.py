@@ -93,6 +93,15 @@ def check_consistent(events: list[Event], result: Any) -> None:
         assert json.loads(args) == call.arguments
 
 
+def check_starts(fed: str, events: list[Event]) -> None:
+    """Each text delta is the run of the fed output its `start` names, in order, never overlapping."""
+    end = 0
+    for e in events:
+        if isinstance(e, TextDelta):
+            assert e.start >= end and fed[e.start : e.start + len(e.text)] == e.text
+            end = e.start + len(e.text)
+
+
 def splits(text: str, cuts: list[int]) -> list[str]:
     points = sorted({min(c, len(text)) for c in cuts})
     return [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
@@ -126,6 +135,7 @@ def test_malformed_markup_loses_no_byte_under_any_split(
         split_events, split = run(chunks, thinking, tools)
         assert coalesce(split_events) == coalesce(whole_events)
         check_consistent(split_events, split)
+        check_starts(text, split_events)
     assert (whole.reasoning, whole.content) == oracle(text, thinking)
     assert whole.tool_calls == []
 
@@ -187,6 +197,7 @@ def test_template_history_form_round_trips(turn: dict[str, Any], data: Any, name
         events, result = run(chunks, True, TOOLS)
         assert coalesce(events) == coalesce(whole_events)
         check_consistent(events, result)
+        check_starts(output, events)
     assert result.reasoning == turn["reasoning"].strip()
     assert result.content == turn["content"].strip()
     assert [(c.name, c.arguments) for c in result.tool_calls] == turn["calls"]
@@ -271,3 +282,4 @@ def test_token_ids_and_reasoning_token_count(chunk: int) -> None:
     expected.reasoning_tokens = end + 1
     assert parser.result == expected
     check_consistent(events, parser.result)
+    check_starts(output, events)

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from ninfer.api.errors import ApiError
+from ninfer.api.responses.logprobs import without_logprobs
 from ninfer.api.responses.store import MIB, ResponseStore, StoredResponse, json_bytes, make_record
 
 
@@ -122,3 +123,19 @@ def test_concurrent_puts_keep_the_bounds() -> None:
     ids = store.ids()
     assert len(ids) <= 50 and len(set(ids)) == len(ids)
     assert store.nbytes == sum(r.nbytes for r in (store.get(i) for i in ids) if r is not None)
+
+
+def test_context_keeps_output_text_without_its_logprobs() -> None:
+    lp = {"token": "hi", "logprob": -0.5, "bytes": [104, 105], "top_logprobs": []}
+    msg = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+           "content": [{"type": "output_text", "text": "hi", "annotations": [], "logprobs": [lp]}]}  # fmt: skip
+    call = {"id": "fc_2", "type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
+    response = {"id": "a", "object": "response", "output": [msg, call]}
+    r = make_record("a", response, [item(0)], without_logprobs([msg, call]), False, None)
+    assert r.context[1]["content"][0] == {
+        "type": "output_text",
+        "text": "hi",
+        "annotations": [],
+        "logprobs": [],
+    }
+    assert r.context[2] is call and r.response["output"][0]["content"][0]["logprobs"] == [lp]

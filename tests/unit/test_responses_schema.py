@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from ninfer.api.compat import Compat
 from ninfer.api.errors import ApiError
 from ninfer.api.responses.schema import parse_create, parse_input_tokens
 
@@ -78,7 +79,14 @@ def reject(
         ({"parallel_tool_calls": "no"}, "invalid_type", "parallel_tool_calls"),
         ({"tool_choice": "sometimes"}, "invalid_value", "tool_choice"),
         ({"truncation": "auto"}, "unsupported_value", "truncation"),
-        ({"top_logprobs": 2}, "unsupported_value", "top_logprobs"),
+        ({"top_logprobs": 21}, "invalid_value", "top_logprobs"),
+        ({"top_logprobs": -1}, "invalid_value", "top_logprobs"),
+        ({"top_logprobs": 1.5}, "invalid_type", "top_logprobs"),
+        ({"include": ["file_search_call.results"]}, "unsupported_value", "include"),
+        ({"include": ["message.output_text.logprobs", "code_interpreter_call.outputs"]}, "unsupported_value",
+         "include"),
+        ({"include": [3]}, "invalid_type", "include[0]"),
+        ({"include": "message.output_text.logprobs"}, "invalid_type", "include"),
         ({"service_tier": "flex"}, "unsupported_value", "service_tier"),
         ({"service_tier": "priority"}, "unsupported_value", "service_tier"),
         ({"background": True}, "unsupported_value", "background"),
@@ -155,6 +163,28 @@ def test_accepted_boundaries_and_echoes() -> None:
         {"type": "function", "name": "get_weather", "description": "d", "parameters": FN["parameters"],
          "strict": False}
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("patch", "echo", "engine"),
+    [
+        ({}, 0, None),
+        ({"top_logprobs": 0, "include": []}, 0, None),
+        ({"include": ["message.output_text.logprobs"]}, 0, 0),
+        ({"top_logprobs": 3}, 3, 3),  # alternatives asked for: logprobs on without the include entry
+        ({"top_logprobs": 20, "include": ["message.output_text.logprobs"]}, 20, 20),
+    ],
+)
+def test_logprobs_switches(patch: dict[str, Any], echo: int, engine: int | None) -> None:
+    r = parse_create({**BASE, **patch}, vision=False)
+    assert (r.top_logprobs, r.logprobs) == (echo, engine)
+
+
+def test_logprobs_include_beside_encrypted_reasoning_needs_compat() -> None:
+    body = {**BASE, "include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}
+    reject(body, "unsupported_value", "include")
+    r = parse_create(body, vision=False, compat=Compat(True))
+    assert r.logprobs == 0 and [a["param"] for a in r.compat.adjustments] == ["include"]
 
 
 @pytest.mark.parametrize("effort", ["none", "minimal", "low", "medium", "high", "xhigh", "max"])

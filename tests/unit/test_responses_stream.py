@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+from conftest_text import ours
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai import omit
@@ -18,6 +19,7 @@ from pydantic import TypeAdapter
 from ninfer.api.events import (
     Event,
     Finished,
+    LogprobsDelta,
     ReasoningDelta,
     TextDelta,
     ToolCall,
@@ -29,6 +31,9 @@ from ninfer.api.events import (
 )
 from ninfer.api.responses.object import Envelope
 from ninfer.api.responses.stream import ResponseSequencer, frame
+from ninfer.frontend.conversation import Tool
+from ninfer.frontend.parser import OutputParser
+from ninfer.text.detok import IncrementalDetokenizer
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 TERMINALS = {"response.completed", "response.incomplete", "response.failed"}
@@ -272,3 +277,64 @@ def test_arguments_must_match_what_was_streamed() -> None:
     seq.feed(ToolCallArgumentsDelta(0, "{}"))
     with pytest.raises(ValueError):
         seq.feed(ToolCallEnd(0, ToolCall("call_0", "f", {"a": 1})))
+
+
+def _entry(tok: Any, token_id: int, position: int) -> dict[str, Any]:
+    """A pipeline-shaped logprob entry whose logprob names its token's position."""
+
+    def one(t: int, v: float) -> dict[str, Any]:
+        raw = tok.token_bytes(t)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": v, "bytes": list(raw)}
+
+    return {**one(token_id, -position), "top_logprobs": [one(token_id, -position), one(0, -99.0)]}
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_text_logprobs_follow_the_answer_tokens(step: int) -> None:
+    """The real tokenizer, detokenizer and output parser: each output_text part lists exactly the
+    tokens of its text (their bytes join to it), reasoning and tool-call tokens in none; deltas'
+    logprobs join to the part's, in the SDK's event and Response shapes."""
+    tok = ours()
+    output = (
+        "Let me think… 日本\n</think>\n\nHello 🎉 wörld <tool_call>\n<function=g>\n<parameter=q>\nx\n"
+        "</parameter>\n</function>\n</tool_call>\nAfter é"
+    )
+    ids = tok.encode(output)
+    detok = IncrementalDetokenizer(tok)
+    parser = OutputParser(
+        thinking=True, tools=[Tool("g", None, {"type": "object"})], call_id=lambda: "call_0"
+    )
+    seq = sequencer()
+    out = seq.start()
+    for i in range(0, len(ids), step):
+        chunk = ids[i : i + step]
+        out += seq.feed(LogprobsDelta(tuple(_entry(tok, t, i + k) for k, t in enumerate(chunk))))
+        for event in parser.feed_text(detok.push(chunk)):
+            out += seq.feed(event)
+    for event in parser.feed_text(detok.flush()) + parser.finish():
+        out += seq.feed(event)
+    r = parser.result
+    out += seq.feed(Finished("tool_calls", USAGE, r.reasoning, r.content, tuple(r.tool_calls)))
+    check_lifecycle(out)
+    for e in out:
+        EVENT.validate_python(e)
+    final = Response.model_validate(out[-1]["response"])
+    texts = [(i.content[0].text, i.content[0].logprobs) for i in final.output if i.type == "message"]
+    assert [t for t, _ in texts] == ["Hello 🎉 wörld", "\nAfter é"]
+    positions = []
+    for text, logprobs in texts:
+        # the bytes join to the text (a token string alone can hold part of a character: U+FFFD)
+        assert logprobs is not None and b"".join(bytes(e.bytes) for e in logprobs).decode() == text
+        positions += [-int(e.logprob) for e in logprobs]
+        assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob == e.logprob for e in logprobs)
+    assert positions == sorted(positions)  # in output order, each token once
+    shown = {tok.token_bytes(ids[p]) for p in positions}
+    assert not shown & {b"</think>", b"<tool_call>", b"</tool_call>", b"x"}  # no markup, no call tokens
+    for index, (_, logprobs) in enumerate(texts):
+        msg = [i for i, item in enumerate(final.output) if item.type == "message"][index]
+        deltas = [e for e in out if e["type"] == "response.output_text.delta" and e["output_index"] == msg]
+        streamed = [lp for e in deltas for lp in e["logprobs"]]
+        assert [(lp["token"], lp["logprob"]) for lp in streamed] == [(e.token, e.logprob) for e in logprobs]
+        assert all("bytes" not in lp for lp in streamed)  # the events' logprob shape has no bytes
+        done = next(e for e in out if e["type"] == "response.output_text.done" and e["output_index"] == msg)
+        assert done["logprobs"] == streamed

@@ -40,6 +40,7 @@ class Envelope:
     reasoning_effort: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     store: bool = True
+    top_logprobs: int = 0
     created_at: int = field(default_factory=lambda: int(time.time()))
 
     def body(
@@ -73,7 +74,7 @@ class Envelope:
             "text": {"format": dict(self.text_format)},
             "tool_choice": dict(self.tool_choice) if isinstance(self.tool_choice, dict) else self.tool_choice,
             "tools": [dict(t) for t in self.tools],
-            "top_logprobs": 0,
+            "top_logprobs": self.top_logprobs,
             "top_p": self.top_p,
             "truncation": "disabled",
             "usage": usage_body(usage) if usage is not None else None,

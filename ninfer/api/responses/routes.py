@@ -7,6 +7,7 @@ import falcon
 from ninfer.api.context import ApiContext, caller
 from ninfer.api.errors import ApiError
 from ninfer.api.fields import parse_body
+from ninfer.api.responses.schema import LOGPROBS_INCLUDE
 from ninfer.api.responses.service import ResponsesService, not_found
 from ninfer.api.responses.store import ResponseStore
 
@@ -31,8 +32,10 @@ class ResponseResource:
             raise ApiError(
                 400, "unsupported_value", "replaying a stored Response as a stream is not supported", "stream"
             )
-        if req.get_param_as_list("include") or req.get_param_as_list("include[]"):
-            raise ApiError(400, "unsupported_value", "include must be omitted or empty", "include")
+        # The stored object is what the create returned: its text logprobs when that asked for them.
+        include = (req.get_param_as_list("include") or []) + (req.get_param_as_list("include[]") or [])
+        if any(value != LOGPROBS_INCLUDE for value in include):
+            raise ApiError(400, "unsupported_value", f"include may only hold {LOGPROBS_INCLUDE!r}", "include")
         resp.media = self.service.stored(response_id).response
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, response_id: str) -> None:

@@ -16,6 +16,7 @@ from ninfer.api.compat import Compat
 from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.parse_guard import guarded
 from ninfer.api.responses.items import normalize_input, unsupported_value
+from ninfer.api.responses.logprobs import TOP_LOGPROBS_MAX
 from ninfer.api.tool_control import ToolControl
 from ninfer.engine.api import ConstraintSpec
 from ninfer.frontend.conversation import Tool
@@ -41,6 +42,7 @@ IGNORABLE_FIELDS = (
     "client_metadata",
 )
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 MIN_OUTPUT_TOKENS = 16
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
@@ -66,6 +68,8 @@ class CreateRequest:
     tool_control: ToolControl = field(default_factory=ToolControl)
     text_format: ConstraintSpec | None = None  # text.format json_object / json_schema
     text_echo: dict[str, Any] = field(default_factory=lambda: {"type": "text"})  # the Response's text.format
+    top_logprobs: int = 0  # echoed in the Response
+    logprobs: int | None = None  # the engine's alternatives per token; None: no logprobs
     compat: Compat = field(default_factory=Compat)
 
 
@@ -196,23 +200,37 @@ def _preserve(body: dict[str, Any]) -> bool | None:
     return alias if alias is not None else nested
 
 
-def _check_unsupported(body: dict[str, Any], stream: bool, compat: Compat) -> None:
+def _logprobs(body: dict[str, Any], compat: Compat) -> tuple[int, int | None]:
+    """`top_logprobs` (0..20) and `include` -> (the echoed top_logprobs, the engine's count).
+
+    Logprobs are on when `include` holds message.output_text.logprobs (OpenAI's switch) or
+    top_logprobs > 0 (asking for alternatives asks for the logprobs they come with; OpenAI returns
+    empty lists then). `reasoning.encrypted_content` is ignored under --client-compat (nothing
+    encrypted is returned); any other include value is a 400.
+    """
+    top = f.opt_int(body, "top_logprobs", 0, TOP_LOGPROBS_MAX) or 0
+    include = f.opt_list(body, "include") or []
+    for i, value in enumerate(include):
+        if not isinstance(value, str):
+            raise invalid(f"include[{i}]", "include entries must be strings", "invalid_type")
+    rest = {value for value in include if value != LOGPROBS_INCLUDE}
+    if rest:
+        error = unsupported_value("include", f"include may only hold {LOGPROBS_INCLUDE!r}")
+        if rest != {ENCRYPTED_REASONING}:
+            raise error
+        compat.ignore("include", error, "encrypted reasoning is not returned")
+    return top, (top if top or LOGPROBS_INCLUDE in include else None)
+
+
+def _check_unsupported(body: dict[str, Any], stream: bool) -> None:
     truncation = f.opt_str(body, "truncation")
     if truncation not in (None, "disabled"):
         raise unsupported_value("truncation", "truncation must be omitted or 'disabled'")
-    if f.opt_int(body, "top_logprobs", 0) not in (None, 0):
-        raise unsupported_value("top_logprobs", "logprobs are not supported")
     tier = f.opt_str(body, "service_tier")
     if tier not in (None, "auto", "default"):
         raise unsupported_value("service_tier", "service_tier must be omitted, 'auto' or 'default'")
     if f.opt_bool(body, "background"):
         raise unsupported_value("background", "background execution is not supported")
-    include = f.opt_list(body, "include")
-    if include:
-        error = unsupported_value("include", "include must be omitted or empty")
-        if include != [ENCRYPTED_REASONING]:
-            raise error
-        compat.ignore("include", error, "encrypted reasoning is not returned")
     options = f.opt_dict(body, "stream_options")
     if options is not None:
         if not stream:
@@ -246,7 +264,8 @@ def parse_create(body: dict[str, Any], vision: bool, compat: Compat | None = Non
     if body.get("input") is None:
         raise invalid("input", "missing required parameter: 'input'", "missing_required_parameter")
     stream = bool(f.opt_bool(body, "stream"))
-    _check_unsupported(body, stream, compat)
+    _check_unsupported(body, stream)
+    top_logprobs, logprobs = _logprobs(body, compat)
     tools, defs = _tools(body, compat)
     control, choice = _tool_choice(body, tools)
     text_format, text_echo = _text_format(body, compat)
@@ -270,6 +289,8 @@ def parse_create(body: dict[str, Any], vision: bool, compat: Compat | None = Non
         tool_control=control,
         text_format=text_format,
         text_echo=text_echo,
+        top_logprobs=top_logprobs,
+        logprobs=logprobs,
         compat=compat,
     )
 

@@ -15,6 +15,7 @@ from ninfer.api.errors import ApiError, invalid
 from ninfer.api.events import Finished, GenerationJob
 from ninfer.api.pipeline import Caller, Generation
 from ninfer.api.responses.items import item_ids, media_count, new_id, to_messages
+from ninfer.api.responses.logprobs import without_logprobs
 from ninfer.api.responses.object import Envelope
 from ninfer.api.responses.schema import CreateRequest, parse_create, parse_input_tokens
 from ninfer.api.responses.store import ResponseStore, StoredResponse, make_record
@@ -79,7 +80,10 @@ class ResponsesService:
             preserve_thinking=preserve if preserve is not None else inherited,
         )
         params = SamplingParams(
-            max_tokens=request.max_output_tokens or 1, temperature=request.temperature, top_p=request.top_p
+            max_tokens=request.max_output_tokens or 1,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            logprobs=request.logprobs,
         )
         text = request.text_format
         return GenerationJob(
@@ -120,6 +124,7 @@ class ResponsesService:
             reasoning_effort=request.effort,
             metadata=request.metadata,
             store=request.store,
+            top_logprobs=request.top_logprobs,
         )
 
     def save(
@@ -127,9 +132,8 @@ class ResponsesService:
     ) -> None:
         """Retain a settled Response (store:true); raises response_store_capacity_exceeded."""
         if request.store and seq.response is not None:
-            record = make_record(
-                seq.envelope.id, seq.response, request.input_items, seq.output, preserve, parent
-            )
+            output = without_logprobs(seq.output)  # the Response keeps them; a continuation needs none
+            record = make_record(seq.envelope.id, seq.response, request.input_items, output, preserve, parent)
             self.store.put(record)
 
     def create(self, body: dict[str, Any], resp: falcon.Response, caller: Caller | None = None) -> None:

@@ -14,6 +14,7 @@ from ninfer.api import sse
 from ninfer.api.events import (
     Event,
     Finished,
+    LogprobsDelta,
     ReasoningDelta,
     TextDelta,
     ToolCallArgumentsDelta,
@@ -22,6 +23,7 @@ from ninfer.api.events import (
     arguments_json,
 )
 from ninfer.api.responses.items import new_id
+from ninfer.api.responses.logprobs import TextLogprobs, event_entries
 from ninfer.api.responses.object import Envelope, failure
 
 
@@ -31,12 +33,14 @@ def frame(event: dict[str, Any]) -> bytes:
 
 
 class _Open:
-    """The output Item being streamed: its wire dict and the text gathered so far."""
+    """The output Item being streamed: its wire dict, the text gathered so far and (a message)
+    the logprob entries of that text's tokens."""
 
     def __init__(self, index: int, item: dict[str, Any]) -> None:
         self.index = index
         self.item = item
         self.chunks: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []
 
     @property
     def id(self) -> str:
@@ -51,7 +55,9 @@ class ResponseSequencer:
     """Emits response.created / in_progress, per-Item added / delta / done events and one terminal.
 
     Output Items are opened lazily: reasoning text opens a reasoning Item, answer text a message
-    Item, a tool call a function_call Item; a change of kind closes the open Item.
+    Item, a tool call a function_call Item; a change of kind closes the open Item. With logprobs
+    requested (`LogprobsDelta` events), each answer delta carries its tokens' logprobs and the
+    message's output_text part all of them; without, those lists are empty (as OpenAI's are).
     """
 
     def __init__(self, envelope: Envelope, make_id: Callable[[str], str] = new_id) -> None:
@@ -62,6 +68,7 @@ class ResponseSequencer:
         self._seq = 0
         self._open: _Open | None = None
         self._calls: dict[int, _Open] = {}
+        self._logprobs = TextLogprobs()
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self._seq, **fields}
@@ -71,7 +78,7 @@ class ResponseSequencer:
     def _part(self, open_: _Open, text: str) -> dict[str, Any]:
         if open_.item["type"] == "reasoning":
             return {"type": "reasoning_text", "text": text}
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": list(open_.logprobs)}
 
     def start(self) -> list[dict[str, Any]]:
         body = self.envelope.body("in_progress")
@@ -98,7 +105,7 @@ class ResponseSequencer:
             )
         return open_, events
 
-    def _text(self, kind: str, delta: str) -> list[dict[str, Any]]:
+    def _text(self, kind: str, delta: str, start: int = 0) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         if self._open is None or self._open.item["type"] != kind:
             events += self._close("completed")
@@ -115,7 +122,11 @@ class ResponseSequencer:
             events += started
         self._open.chunks.append(delta)
         name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-        extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
+        extra: dict[str, Any] = {}
+        if kind != "reasoning":
+            entries = self._logprobs.take(start, delta)
+            self._open.logprobs += entries
+            extra["logprobs"] = event_entries(entries)
         events.append(
             self._event(
                 name,
@@ -146,7 +157,11 @@ class ResponseSequencer:
             text_done = self._event("response.reasoning_text.done", **loc, content_index=0, text=text)
         else:
             text_done = self._event(
-                "response.output_text.done", **loc, content_index=0, text=text, logprobs=[]
+                "response.output_text.done",
+                **loc,
+                content_index=0,
+                text=text,
+                logprobs=event_entries(open_.logprobs),
             )
         return [
             text_done,
@@ -159,7 +174,10 @@ class ResponseSequencer:
         if isinstance(event, ReasoningDelta):
             return self._text("reasoning", event.text) if event.text else []
         if isinstance(event, TextDelta):
-            return self._text("message", event.text) if event.text else []
+            return self._text("message", event.text, event.start) if event.text else []
+        if isinstance(event, LogprobsDelta):
+            self._logprobs.add(event.entries)
+            return []
         if isinstance(event, ToolCallStart):
             events = self._close("completed")
             item = {
