@@ -48,7 +48,7 @@ from ninfer.engine.slots import SlotLayout, make_lanes
 from ninfer.engine.speculative.build import build_spec, check_spec, draft_slots
 from ninfer.engine.stops import Detokenizer, StopChecker
 from ninfer.engine.tickets import Ticket, TicketBook
-from ninfer.engine.warmup import WarmupReport, warm_prefill, warmup_chunks
+from ninfer.engine.warmup import WarmupReport, warm_prefill, warm_sampling, warmup_chunks
 from ninfer.kernels import jit_watch
 from ninfer.model.cache import KVPool, StatePool, kv_storage_dtype
 
@@ -304,6 +304,7 @@ class Engine:
             chunks = warmup_chunks(self.config.prefill_chunk, self.config.max_context)
             vocab = self.config.vocab_limit or self.text_config.vocab_size
             self.warmup = warm_prefill(self.runner.execute, chunks, vocab)
+            warm_sampling(self.device, self.text_config.vocab_size, self.config.max_concurrency)
             log.info("prefill warm-up: %d chunks in %.1fs", self.warmup.chunks, self.warmup.seconds)
         self.compiles_at_ready = jit_watch.count()
         self._kernels_at_ready = jit_watch.by_name()

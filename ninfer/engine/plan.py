@@ -34,6 +34,7 @@ class PrefillPlan:
     ops_after: list[SlotOp] = field(default_factory=list)  # checkpoint captures at the chunk end
     sampler: RowSampler | None = None  # set on the prompt's last chunk: sample the first token
     multimodal: MultimodalPrompt | None = None  # the request's media: chunk embeddings and positions
+    graph: bool = True  # False: the eager forward even where a captured bucket fits (warm-up)
 
 
 @dataclass

@@ -314,7 +314,7 @@ class Runner:
 
     def _bucket(self, plan: PrefillPlan) -> int | None:
         """The captured prefill graph a chunk fits (text only, its pages covering the padding)."""
-        if self.graphs is None or plan.multimodal is not None:
+        if self.graphs is None or plan.multimodal is not None or not plan.graph:
             return None
         n = len(plan.tokens)
         for q in self.prefill_buckets:

@@ -10,6 +10,13 @@ history, lengths around each power of two up to the chunk size, and chunks after
 second chunk of a long prompt, unaligned and aligned). The set is checked on the GPU by the
 serving benchmark, which counts compilations after ready (`ninfer.kernels.jit_watch`).
 
+Short chunks usually replay a captured prefill bucket, but one whose lane's pages do not cover the
+bucket's padding (a prompt's last chunk when few output tokens are allowed) runs eagerly, so every
+warm-up chunk runs the eager forward (the buckets were captured, and compiled, before). Then the
+sampling paths run once on random logits at batch 1 and the largest batch: greedy, temperature
+with top-k / top-p / min-p, penalties, logprobs and a grammar mask, so the first request of each
+kind loads no kernel either.
+
 Warm-up writes one scratch lane (slot 0, the first pages); every admission zeroes or restores its
 lane's slot before its first chunk and K/V beyond a sequence's frontier is never read, so no
 request sees what warm-up left.
@@ -21,8 +28,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from ninfer.engine.pages import pages_for
 from ninfer.engine.plan import PrefillPlan, SlotOp
+from ninfer.engine.sampler import ResolvedSampling, RowSampler, check_drawn, sample_rows_full
 
 SMALL_LIMIT = 80  # every length up to this runs (unrolled small steps, both attention paths' edges)
 
@@ -66,5 +76,52 @@ def warm_prefill(
         tokens = [(i * 7919 + j * 104729) % vocab for j in range(c.length)]
         pages = list(range(pages_for(c.start + c.length)))
         execute(PrefillPlan(seq_id=-1, tokens=tokens, start=c.start, slot=slot, pages=pages,
-                            ops_before=[SlotOp(dst=slot)] if c.start == 0 else []))  # fmt: skip
+                            ops_before=[SlotOp(dst=slot)] if c.start == 0 else [], graph=False))  # fmt: skip
     return WarmupReport(chunks=len(chunks), seconds=time.perf_counter() - t0)
+
+
+class _EvenTokens:
+    """A constraint that allows the even token ids: the grammar-mask path without a grammar."""
+
+    def fill(self, words: torch.Tensor) -> bool:
+        words.fill_(0x55555555)  # bits 0, 2, 4, ... of every word
+        return True
+
+    def accept(self, token: int) -> None:
+        pass
+
+
+def warmup_samplers(device: torch.device) -> list[RowSampler]:
+    """One row sampler of every sampling path `sample_rows_full` takes."""
+    greedy = ResolvedSampling(0.0, 1.0, 0, 0.0, 0.0, 0.0, seed=0)
+    top = ResolvedSampling(0.7, 0.8, 20, 0.0, 0.0, 0.0, seed=1)
+    samplers = [
+        RowSampler(greedy, device),
+        RowSampler(top, device),
+        RowSampler(ResolvedSampling(1.0, 1.0, 0, 0.05, 0.0, 0.0, seed=2), device),
+        RowSampler(ResolvedSampling(0.6, 0.95, 20, 0.0, 1.5, 0.5, seed=3), device),  # penalties
+        RowSampler(greedy, device, logprobs=20),
+        RowSampler(top, device, logprobs=5, constraint=_EvenTokens()),
+    ]
+    for s in samplers:
+        s.observe(2)  # penalties apply to tokens generated so far
+    return samplers
+
+
+def warm_sampling(device: torch.device, vocab: int, max_batch: int) -> int:
+    """Sample random logits [B, vocab] with every sampler kind, B = 1 and `max_batch` (the kinds
+    cycled over the rows), read back as the engine does. Returns the tokens drawn."""
+    kinds = warmup_samplers(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    drawn = 0
+    for b in sorted({1, max_batch}):
+        for first in range(len(kinds) if b == 1 else 1):
+            rows = [kinds[(first + i) % len(kinds)] for i in range(b)]
+            logits = torch.randn(b, vocab, generator=gen, device=device)  # [B, V] float32
+            for argmax in (None, torch.argmax(logits, dim=-1)):  # plain and in-graph argmax rounds
+                toks, bad, lp = sample_rows_full(logits, rows, argmax)
+                tokens = toks.tolist() if bad is None else check_drawn(torch.cat([toks, bad]).tolist())
+                if lp is not None:
+                    lp.read(tokens, rows, b)
+                drawn += len(tokens)
+    return drawn

@@ -162,6 +162,7 @@ class ServiceRuntime:
                 self.settings.vision, self.settings.engine.max_context, artifact, tokenizer.encode
             )
         prompts = FrontendPrompts(artifact.chat_template, tokenizer, defaults, media)
+        prompts.warm()  # the template compiled before ready, not in the first request
         engine = self.engine = self.engine_factory(self.settings, artifact)  # loads the weights
         engine.start()
         engine.wait_prepared()  # readiness includes warm-up and CUDA graph capture

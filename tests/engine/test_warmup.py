@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ninfer.engine.api import GenerationRequest, SamplingParams
-from ninfer.engine.warmup import SMALL_LIMIT, warmup_chunks
+from ninfer.engine.plan import PrefillPlan
+from ninfer.engine.warmup import SMALL_LIMIT, warm_prefill, warm_sampling, warmup_chunks, warmup_samplers
 from tests.engine.tiny import make_engine
 
 
@@ -57,3 +60,22 @@ def test_warmed_engine_computes_what_a_cold_one_does(small_model: Any) -> None:
     finally:
         warm.shutdown()
     assert cold.warmup is None
+
+
+def test_warm_up_chunks_run_the_eager_forward() -> None:
+    """A short chunk whose pages do not cover a bucket's padding runs eagerly after ready, so
+    warm-up compiles the eager path of every length (the bucket graphs were captured before)."""
+    plans: list[PrefillPlan] = []
+    warm_prefill(plans.append, warmup_chunks(64, 256), vocab=500)
+    assert plans and all(not p.graph for p in plans)
+
+
+def test_sampling_warm_up_takes_every_sampling_path() -> None:
+    kinds = warmup_samplers(torch.device("cpu"))
+    params = [s.params for s in kinds]
+    assert any(p.temperature == 0.0 for p in params) and any(p.temperature > 0.0 for p in params)
+    assert any(p.top_k > 0 and p.top_p < 1.0 for p in params) and any(p.min_p > 0.0 for p in params)
+    assert any(s.penalized and s.counts for s in kinds)
+    assert any(s.logprobs for s in kinds) and any(s.constraint is not None for s in kinds)
+    # batch 1 for each kind and one batch of 8, each with and without an in-graph argmax
+    assert warm_sampling(torch.device("cpu"), vocab=300, max_batch=8) == 2 * (len(kinds) + 8)
