@@ -35,7 +35,7 @@ def _graphed(model, cfg: EngineConfig, buckets: tuple[int, ...]) -> tuple[Engine
 @pytest.mark.parametrize("params", [{"temperature": 0.0}, {"temperature": 1.0, "top_k": 20}])
 def test_short_chunks_through_prefill_graphs_equal_eager(small_model, params) -> None:
     cfg = EngineConfig(max_concurrency=6, max_pending=8, max_context=256, prefill_chunk=64, kv_capacity=1536)
-    # 5, 20: whole prompts in a bucket, 33 eager; 70 = 64 + 6 and 130 = 64 + 64 + 2: tails after a history
+    # 5, 20, 33: whole prompts in a bucket; 70 = 64 + 6 and 130 = 64 + 64 + 2: tails after a history
     prompts = [
         tuple((i * 31 + j * 7) % 500 + 1 for j in range(n)) for i, n in enumerate((5, 70, 20, 130, 33))
     ]
@@ -45,14 +45,16 @@ def test_short_chunks_through_prefill_graphs_equal_eager(small_model, params) ->
     follow = [(*prompts[0], *want[0], 11, 12, 13, 14)]
     want_follow = _generate(eager, follow, **params)
     eager.shutdown()
-    engine, backend, used = _graphed(small_model, cfg, (16, 32))
+    engine, backend, used = _graphed(small_model, cfg, (16, 32, 48, 64))
     got = _generate(engine, prompts, **params)
     got_follow = _generate(engine, follow, **params)
     engine.shutdown()
-    assert (1, 32) in backend.captured and (1, 16) in backend.captured
+    assert {(1, 16), (1, 32), (1, 48), (1, 64)} <= set(backend.captured)
     assert got == want and got_follow == want_follow
-    assert sorted(used) == [16, 16, 16, 16, 32]  # 5, 6, 2 and the second turn's 4 -> 16; 20 -> 32
-    assert engine.runner.graph_stats is not None and engine.runner.graph_stats.prefill_buckets == (16, 32)
+    # 5, 6, 2 and the second turn's 4 -> 16; 20 -> 32; 33 -> 48; the full 64-token chunks -> 64
+    assert sorted(used) == [16, 16, 16, 16, 32, 48, 64, 64, 64]
+    assert engine.runner.graph_stats is not None
+    assert engine.runner.graph_stats.prefill_buckets == (16, 32, 48, 64)
 
 
 def test_a_chunk_whose_padding_has_no_pages_runs_eagerly(small_model) -> None:
