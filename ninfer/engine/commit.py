@@ -30,18 +30,22 @@ class Committer:
         self.seqs = seqs
         self.handles = handles
 
-    def prefill(self, plan: PrefillPlan, result: StepResult, now: float) -> None:
-        """Account a prefill chunk; the final chunk's sampled token is the request's first."""
-        seq = self.seqs[plan.seq_id]
-        self.scheduler.prefill_done(seq, plan)
-        seq.stats.computed_prefill_tokens += len(plan.tokens)
-        seq.stats.vision_s += result.vision_seconds
-        if seq.phase == DECODE:
-            self.retirer.drop_media(seq)  # the prompt is in the cache: its payloads are not needed
-        self.counters.add(prefill_tokens=len(plan.tokens), prefill_seconds=result.seconds)
-        if result.tokens:
-            seq.t_first = now
-            self.token(seq, result.tokens[0], now, lp=result.logprobs[0] if result.logprobs else None)
+    def prefill(self, plans: list[PrefillPlan], result: StepResult, now: float) -> None:
+        """Account the prefill chunks of one step (one request's, or several in one replay); a
+        request's final chunk samples its first token."""
+        first = {sid: i for i, sid in enumerate(result.seq_ids)}  # rows that sampled
+        for plan in plans:
+            seq = self.seqs[plan.seq_id]
+            self.scheduler.prefill_done(seq, plan)
+            seq.stats.computed_prefill_tokens += len(plan.tokens)
+            seq.stats.vision_s += result.vision_seconds
+            if seq.phase == DECODE:
+                self.retirer.drop_media(seq)  # the prompt is in the cache: its payloads are not needed
+            i = first.get(plan.seq_id)
+            if i is not None:
+                seq.t_first = now
+                self.token(seq, result.tokens[i], now, lp=result.logprobs[i] if result.logprobs else None)
+        self.counters.add(prefill_tokens=sum(len(p.tokens) for p in plans), prefill_seconds=result.seconds)
 
     def decode(self, plan: DecodePlan, result: StepResult, now: float, ahead: bool = False) -> None:
         """Commit each row's token (or speculative run), then fix up speculative lane state.

@@ -51,6 +51,9 @@ class EngineConfig:
     # Prompt chunks of up to this many tokens (padded to the next bucket) replay a one-row
     # captured graph instead of an eager forward (Runner._prefill_graph); () turns it off.
     prefill_graph_buckets: tuple[int, ...] = (16, 32, 48, 64)
+    # Requests whose short chunks share one replay of a (rows, q) prefill graph; None: up to
+    # max_concurrency, 1: one request per replay.
+    prefill_graph_rows: int | None = None
     # Speculative decoding (frozen at startup; without a method no MTP weights or buffers exist).
     spec_method: str | None = None  # None | "mtp" | "dflash" (the artifact's dflash component)
     draft_tokens: int = DEFAULT_DRAFT_TOKENS  # k drafts per round: 1..5 for MTP, 1..15 for DFlash

@@ -37,7 +37,7 @@ from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.intake import prepare
 from ninfer.engine.multimodal import MediaEncoder
 from ninfer.engine.pages import PageAllocator, pages_for
-from ninfer.engine.plan import DecodePlan, PrefillPlan
+from ninfer.engine.plan import DecodePlan, PrefillBatch, PrefillPlan, StepPlan
 from ninfer.engine.prefix_cache import PrefixCache
 from ninfer.engine.retire import Retirer
 from ninfer.engine.runner import Runner, default_graph_segments
@@ -125,6 +125,7 @@ class Engine:
             spec=self.spec,
             media=self.media,
             prefill_buckets=config.prefill_graph_buckets,
+            prefill_rows=config.prefill_graph_rows,
         )
         self.tickets = TicketBook(
             config.max_concurrency + config.max_pending, config.pending_timeout_ms / 1000
@@ -299,6 +300,7 @@ class Engine:
     def _serve(self) -> None:
         sched = self.scheduler
         self.runner.prepare()  # CUDA graph capture, on this thread, before any sequence exists
+        sched.prefill_fit = self.runner.prefill_bucket  # short chunks of several requests: one replay
         warm = self.config.prefill_warmup
         if warm or (warm is None and self.device.type == "cuda"):
             chunks = warmup_chunks(self.config.prefill_chunk, self.config.max_context)
@@ -360,11 +362,16 @@ class Engine:
             elif not self._inbox and not self._cancels:
                 self._cv.wait(min(timeout, 0.05))
 
-    def _step(self, plan: PrefillPlan | DecodePlan) -> None:
+    def _step(self, plan: StepPlan) -> None:
         if isinstance(plan, DecodePlan) and self.config.launch_ahead and self.runner.can_launch_ahead(plan):
             self._decode_ahead(plan)
             return
-        ids = [plan.seq_id] if isinstance(plan, PrefillPlan) else [r.seq_id for r in plan.rows]
+        if isinstance(plan, PrefillPlan):
+            ids = [plan.seq_id]
+        elif isinstance(plan, PrefillBatch):
+            ids = [c.seq_id for c in plan.chunks]
+        else:
+            ids = [r.seq_id for r in plan.rows]
         try:
             result = self.runner.execute(plan, on_launch=self._outbox.flush)
         except Exception as exc:  # a failed step fails its requests, not the engine
@@ -372,7 +379,9 @@ class Engine:
             return
         now = time.monotonic()
         if isinstance(plan, PrefillPlan):
-            self._commit.prefill(plan, result, now)
+            self._commit.prefill([plan], result, now)
+        elif isinstance(plan, PrefillBatch):
+            self._commit.prefill(plan.chunks, result, now)
         else:
             self._commit.decode(plan, result, now)
 

@@ -156,6 +156,7 @@ class GraphStats:
     verify_capture_s: float = 0.0
     verify_pool_bytes: int = 0
     prefill_buckets: tuple[int, ...] = ()  # one-row prefill graphs of q tokens (see DecodeGraphs)
+    prefill_shapes: tuple[tuple[int, int], ...] = ()  # every captured prefill (rows, q)
     prefill_capture_s: float = 0.0
     prefill_error: str | None = None  # why the prefill graphs are off (decode graphs unaffected)
 
@@ -170,10 +171,11 @@ class DecodeGraphs:
     filled by one copy; outputs (hidden, float32 logits, in-graph argmax) land in static buffers
     per q, so an all-greedy batch reads only B*q ints back.
 
-    `prefill_buckets`: one-row graphs of q tokens with per-token state writes (the verify form),
-    for short prompt chunks padded to the bucket: the state is written only after the last real
-    token, so a short prefill is one weight-bound replay instead of an eager, launch-bound
-    forward. Their capture failing leaves them off and the decode graphs as they are."""
+    `prefill_shapes`: (rows, q) graphs with per-token state writes (the verify form), for short
+    prompt chunks of one or several requests, each padded to the bucket q: the state is written
+    only after each row's last real token, so short prefills arriving together are one
+    weight-bound replay instead of one eager, launch-bound forward each. Their capture failing
+    leaves them off and the decode graphs as they are."""
 
     def __init__(
         self,
@@ -187,11 +189,13 @@ class DecodeGraphs:
         backend: CaptureBackend,
         verify_q: int | None = None,
         install_cut: InstallCut | None = None,
-        prefill_buckets: Iterable[int] = (),
+        prefill_shapes: Iterable[tuple[int, int]] = (),
     ) -> None:
         if verify_q is not None and verify_q < 2:
             raise ValueError(f"verify_q must be at least 2, got {verify_q}")
-        self.prefill_buckets = tuple(sorted({q for q in prefill_buckets if q >= 2}))
+        self.prefill_shapes = tuple(
+            sorted({(b, q) for b, q in prefill_shapes if q >= 2 and 1 <= b <= max_batch})
+        )
         self.step, self.max_batch, self.max_pages = step, max_batch, max_pages
         self.vocab, self.hidden_size, self.dtype = vocab, hidden_size, dtype
         self.device, self.backend = device, backend
@@ -252,21 +256,26 @@ class DecodeGraphs:
         return stats
 
     def _capture_prefill(self, pool: object, stats: GraphStats) -> None:
-        """The one-row prefill buckets, largest first; a failure drops them alone."""
+        """The prefill shapes, largest first (one output buffer per q, as many rows as its widest
+        shape); a failure drops them alone."""
         t0 = time.perf_counter()
-        buckets = [q for q in reversed(self.prefill_buckets) if not self.has(1, q)]
+        shapes = sorted(
+            (s for s in self.prefill_shapes if not self.has(*s)), key=lambda s: (s[0] * s[1], s), reverse=True
+        )
         try:
-            for q in buckets:
-                self.outputs.setdefault(q, self._output_buffers(q, rows=1))
-                self._capture_one(1, q, pool)
+            for b, q in shapes:
+                rows = max(r for r, qq in self.prefill_shapes if qq == q)
+                self.outputs.setdefault(q, self._output_buffers(q, rows=rows))
+                self._capture_one(b, q, pool)
         except Exception as exc:
-            for q in buckets:
-                self._replay.pop((1, q), None)
-                self.static.pop((1, q), None)
+            for s in shapes:
+                self._replay.pop(s, None)
+                self.static.pop(s, None)
             stats.prefill_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             log.warning("prefill graphs disabled, short prefills run eagerly: %s", stats.prefill_error)
             return
-        stats.prefill_buckets = tuple(q for q in self.prefill_buckets if self.has(1, q))
+        stats.prefill_shapes = tuple(s for s in self.prefill_shapes if self.has(*s))
+        stats.prefill_buckets = tuple(sorted({q for b, q in stats.prefill_shapes if b == 1}))
         stats.prefill_capture_s = time.perf_counter() - t0
 
     def _output_buffers(self, q: int, rows: int | None = None) -> StepOut:

@@ -38,6 +38,15 @@ class PrefillPlan:
 
 
 @dataclass
+class PrefillBatch:
+    """Short chunks of several requests' prompts in one replay of a captured (B, q) graph: each
+    chunk padded to the bucket q, each row with its own start, slot, pages and slot ops."""
+
+    chunks: list[PrefillPlan]
+    q: int
+
+
+@dataclass
 class DecodeRow:
     seq_id: int
     token: int  # the last committed token, fed now
@@ -55,7 +64,7 @@ class DecodePlan:
     rows: list[DecodeRow]
 
 
-StepPlan = PrefillPlan | DecodePlan
+StepPlan = PrefillPlan | PrefillBatch | DecodePlan
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch
 
 from ninfer.engine.graphs import CaptureBackend, CudaCapture, DecodeGraphs, GraphStats, InstallCut, StepFn
 from ninfer.engine.pages import pages_for
-from ninfer.engine.plan import DecodePlan, PrefillPlan, SlotOp, StepPlan, StepResult
+from ninfer.engine.plan import DecodePlan, PrefillBatch, PrefillPlan, SlotOp, StepPlan, StepResult
 from ninfer.engine.sampler import LogprobRows, check_drawn, sample_rows_full
 from ninfer.engine.step_io import StepOut, StepRows, host_buffer, pack, pack_rows, packed_len, unpack
 from ninfer.model.cache import ForwardBatch, KVPool, StatePool
@@ -78,9 +78,12 @@ class Runner:
         spec: SpecDecoder | None = None,
         media: MediaEncoder | None = None,
         prefill_buckets: Sequence[int] = (),
+        prefill_rows: int | None = None,
     ) -> None:
         self.model = model
         self.prefill_buckets = small_prefill_buckets(prefill_buckets, model.config)
+        rows = max_batch if prefill_rows is None else max(1, min(prefill_rows, max_batch))
+        self.prefill_shapes = prefill_graph_shapes(self.prefill_buckets, model.config, rows)
         self.media = media  # vision: multimodal prefill chunks (None = text only)
         self.spec = spec  # speculative decoding: decode rounds go through it, slot ops and prefill feed it
         self.vocab_limit = vocab_limit
@@ -125,7 +128,7 @@ class Runner:
         try:
             graphs = DecodeGraphs(
                 self._step, self.max_batch, self.max_pages, cfg.vocab_size, cfg.hidden_size, dtype,
-                self.device, self._capture, verify_q, self._layer_cuts(), self.prefill_buckets,
+                self.device, self._capture, verify_q, self._layer_cuts(), self.prefill_shapes,
             )  # fmt: skip
         except Exception as exc:  # e.g. no memory left for the static logits buffer
             self.graph_stats = GraphStats((), 0.0, 0, f"{type(exc).__name__}: {exc}"[:300])
@@ -218,6 +221,8 @@ class Runner:
             with torch.inference_mode():
                 if isinstance(plan, PrefillPlan):
                     result = self._prefill(plan)
+                elif isinstance(plan, PrefillBatch):
+                    result = self._prefill_rows(plan.chunks, plan.q)
                 else:
                     result = self._decode(plan)
         finally:
@@ -312,42 +317,59 @@ class Runner:
         """The decode step's float32 logits [B, V] alone (the benchmark profiler's entry point)."""
         return self._forward_logits(batch)[1][:, -1]
 
-    def _bucket(self, plan: PrefillPlan) -> int | None:
-        """The captured prefill graph a chunk fits (text only, its pages covering the padding)."""
-        if self.graphs is None or plan.multimodal is not None or not plan.graph:
+    def prefill_bucket(self, chunks: Sequence[tuple[int, int, int]]) -> int | None:
+        """The bucket q of a captured (len(chunks), q) prefill graph that takes every chunk
+        (tokens, start, pages held), its pages covering the padding; None when there is none."""
+        if self.graphs is None or not chunks:
             return None
-        n = len(plan.tokens)
+        b, n = len(chunks), max(t for t, _, _ in chunks)
         for q in self.prefill_buckets:
-            if n <= q and self.graphs.has(1, q):
-                return q if pages_for(plan.start + q) <= len(plan.pages) else None
+            if n <= q and self.graphs.has(b, q):  # a larger bucket needs more pages still
+                return q if all(pages_for(start + q) <= pages for _, start, pages in chunks) else None
         return None
 
-    def _prefill_graph(self, plan: PrefillPlan, q: int) -> StepResult:
-        """A short chunk as one replay of the (1, q) graph: padded with token 0 after the chunk,
-        the GDN state written only after the last real token (padding states are not stored);
-        the padding's K/V lands past the sequence's frontier, where it is never read before a
-        later token overwrites it."""
-        self._slot_ops(plan.ops_before)
-        n = len(plan.tokens)
-        writes = [-1] * (n - 1) + [plan.slot] + [-1] * (q - n)
+    def _bucket(self, plan: PrefillPlan) -> int | None:
+        """The captured prefill graph a chunk fits (text only, its pages covering the padding)."""
+        if plan.multimodal is not None or not plan.graph:
+            return None
+        return self.prefill_bucket([(len(plan.tokens), plan.start, len(plan.pages))])
+
+    def _prefill_rows(self, plans: Sequence[PrefillPlan], q: int) -> StepResult:
+        """Short chunks of B requests as one replay of the (B, q) graph: each padded with token 0
+        after its chunk, its GDN state written only after its last real token (padding states are
+        not stored); the padding's K/V lands past each sequence's frontier, where it is never read
+        before a later token overwrites it. The rows whose chunk ends their prompt sample their
+        first token together."""
+        for plan in plans:
+            self._slot_ops(plan.ops_before)
+        lens = [len(p.tokens) for p in plans]
         rows = StepRows(
-            [plan.tokens + [0] * (q - n)], [plan.start], [plan.slot], [plan.pages], None, [writes]
+            [p.tokens + [0] * (q - n) for p, n in zip(plans, lens, strict=True)],
+            [p.start for p in plans],
+            [p.slot for p in plans],
+            [p.pages for p in plans],
+            None,
+            [[-1] * (n - 1) + [p.slot] + [-1] * (q - n) for p, n in zip(plans, lens, strict=True)],
         )
-        out = self.forward(rows)  # hidden [1, q, H], logits [1, q, V]; the graph's launch delivers
-        if self.spec is not None:
-            rope = (
-                torch.arange(plan.start, plan.start + n, device=self.device).expand(3, n).contiguous()
-            )  # [3, n]
-            self.spec.after_prefill(plan.slot, plan.start, plan.tokens, out.hidden[0, :n], rope, plan.pages)
-        self._slot_ops(plan.ops_after)
-        if plan.sampler is None:
+        out = self.forward(rows)  # hidden [B, q, H], logits [B, q, V]; the graph's launch delivers
+        for i, (plan, n) in enumerate(zip(plans, lens, strict=True)):
+            if self.spec is not None:
+                rope = torch.arange(plan.start, plan.start + n, device=self.device).expand(3, n).contiguous()
+                self.spec.after_prefill(
+                    plan.slot, plan.start, plan.tokens, out.hidden[i, :n], rope, plan.pages
+                )
+            self._slot_ops(plan.ops_after)
+        last = [i for i, p in enumerate(plans) if p.sampler is not None]
+        if not last:
             return StepResult(seq_ids=[], tokens=[])
-        return _first_token(plan, out.logits[:, n - 1])  # [1, V] float32, masked in the graph
+        at = torch.tensor([lens[i] - 1 for i in last], device=self.device)
+        logits = out.logits[torch.tensor(last, device=self.device), at]  # [k, V] float32, masked in the graph
+        return _first_tokens([plans[i] for i in last], logits)
 
     def _prefill(self, plan: PrefillPlan) -> StepResult:
         q = self._bucket(plan)
         if q is not None:
-            return self._prefill_graph(plan, q)
+            return self._prefill_rows([plan], q)
         self._launched()  # an eager forward: its kernel launches are host work, deliver first
         self._slot_ops(plan.ops_before)
         batch = self._batch([plan.tokens], [plan.start], [plan.slot], [plan.pages])
@@ -365,7 +387,7 @@ class Runner:
         self._slot_ops(plan.ops_after)
         if plan.sampler is None:
             return StepResult(seq_ids=[], tokens=[], vision_seconds=vision_s)
-        result = _first_token(plan, self._logits(hidden[:, -1]))  # [1, V] float32
+        result = _first_tokens([plan], self._logits(hidden[:, -1]))  # [1, V] float32
         result.vision_seconds = vision_s
         return result
 
@@ -375,14 +397,31 @@ class Runner:
         return self.resolve(self._launch_decode(plan, None, time.perf_counter()))
 
 
-def _first_token(plan: PrefillPlan, logits: torch.Tensor) -> StepResult:
-    """Sample a prompt's first token from its last position's logits [1, V] (with its logprobs
-    when the request asked for them)."""
-    assert plan.sampler is not None
-    toks, bad, lp_rows = sample_rows_full(logits, [plan.sampler])
+def _first_tokens(plans: Sequence[PrefillPlan], logits: torch.Tensor) -> StepResult:
+    """Sample each prompt's first token from its last position's logits [k, V] (with its
+    logprobs when the request asked for them)."""
+    rows = [p.sampler for p in plans if p.sampler is not None]
+    assert len(rows) == len(plans), "only a prompt's last chunk samples"
+    toks, bad, lp_rows = sample_rows_full(logits, rows)
     tokens = toks.tolist() if bad is None else check_drawn(torch.cat([toks, bad]).tolist())
-    lp = None if lp_rows is None else lp_rows.read(tokens, [plan.sampler], 1)
-    return StepResult(seq_ids=[plan.seq_id], tokens=tokens, logprobs=lp)
+    lp = None if lp_rows is None else lp_rows.read(tokens, rows, len(rows))
+    return StepResult(seq_ids=[p.seq_id for p in plans], tokens=tokens, logprobs=lp)
+
+
+def prefill_graph_shapes(
+    buckets: Sequence[int], config: TextConfig, max_rows: int
+) -> tuple[tuple[int, int], ...]:
+    """(rows, q) of the prefill graphs: every bucket for 1..max_rows rows, as far as the
+    graph-safe small-batch MoE kernels take them (at most 64 tokens and 384 routed rows a step)."""
+    out = []
+    for q in buckets:
+        for b in range(1, max_rows + 1):
+            if config.is_moe and (
+                b * q > SMALL_MOE_TOKENS or b * q * int(config.num_experts_per_tok or 1) > SMALL_MOE_ROWS
+            ):
+                break
+            out.append((b, q))
+    return tuple(out)
 
 
 def small_prefill_buckets(buckets: Sequence[int], config: TextConfig) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ninfer.engine.api import GenerationRequest, RequestStats
 from ninfer.engine.pages import pages_for
-from ninfer.engine.plan import DecodePlan, DecodeRow, PrefillPlan, SlotOp, StepPlan
+from ninfer.engine.plan import DecodePlan, DecodeRow, PrefillBatch, PrefillPlan, SlotOp, StepPlan
 from ninfer.engine.prefix_cache import PrefixCache
 from ninfer.engine.sampler import RowSampler
 from ninfer.engine.slots import RESPONSE, TURN, Lane
@@ -64,6 +64,11 @@ class Snapshot:
     resident_pages: int  # pages held by idle lanes for prefix reuse (free + resident = total when idle)
 
 
+# (tokens, start, pages held) of each chunk -> the bucket q of a captured prefill graph with one
+# row per chunk that takes them all, or None (`Runner.prefill_bucket`)
+PrefillFit = Callable[[list[tuple[int, int, int]]], int | None]
+
+
 class Scheduler:
     """Waiting queue, active set and step planning. Used only by the engine thread."""
 
@@ -74,6 +79,7 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()
         self.active: list[Seq] = []  # admission order
         self._prefer_prefill = True
+        self.prefill_fit: PrefillFit | None = None  # set once the prefill graphs exist
 
     # ----- queue -----
     def enqueue(self, seq: Seq) -> None:
@@ -141,20 +147,53 @@ class Scheduler:
         dec = self.decode_ready()
         if pre and (self._prefer_prefill or not dec):
             self._prefer_prefill = False
-            return self._prefill_plan(pre[0])
+            group, q = self._prefill_group(pre)
+            if q is None:
+                return self._prefill_plan(pre[0])
+            return PrefillBatch([self._prefill_plan(s) for s in group], q)
         if dec:
             self._prefer_prefill = True
             return DecodePlan(rows=[self._decode_row(s) for s in dec])
         return None
 
-    def _prefill_plan(self, seq: Seq) -> PrefillPlan:
+    def _prefill_group(self, pre: list[Seq]) -> tuple[list[Seq], int | None]:
+        """The first prefilling request and, in admission order, the others whose next chunk can
+        share one captured prefill graph with it (text chunks, each padded to one bucket); the
+        bucket, or None when the first one's chunk fits no graph with others."""
+        fit = self.prefill_fit
+        if fit is None or len(pre) < 2 or pre[0].request.multimodal is not None:
+            return pre[:1], None
+        group: list[Seq] = [pre[0]]
+        shapes = [self._chunk_shape(pre[0])]
+        q = None
+        for seq in pre[1:]:
+            if seq.request.multimodal is not None:
+                continue
+            wider = fit([*shapes, self._chunk_shape(seq)])
+            if wider is not None:
+                group.append(seq)
+                shapes.append(self._chunk_shape(seq))
+                q = wider
+        return group, q
+
+    def _chunk_shape(self, seq: Seq) -> tuple[int, int, int]:
+        """(tokens, start, pages held) of a prefilling request's next chunk."""
         assert seq.lane is not None
-        lane = seq.lane
+        start, end = self._chunk_bounds(seq)
+        return end - start, start, len(seq.lane.pages)
+
+    def _chunk_bounds(self, seq: Seq) -> tuple[int, int]:
+        """[start, end) of a prefilling request's next chunk: at most `prefill_chunk` tokens,
+        ending at the next checkpoint to capture."""
         start = seq.prefill_pos
         end = min(len(seq.prompt), start + self.prefill_chunk)
         cuts = [p for p in seq.captures if start < p < end]
-        if cuts:
-            end = min(cuts)
+        return start, min(cuts) if cuts else end
+
+    def _prefill_plan(self, seq: Seq) -> PrefillPlan:
+        assert seq.lane is not None
+        lane = seq.lane
+        start, end = self._chunk_bounds(seq)
         ops_after = [
             SlotOp(dst=lane.checkpoint_slots[k], src=lane.live_slot) for k in seq.captures.get(end, [])
         ]

@@ -3,8 +3,10 @@
     python ops/bench/prefill_graphs.py --shape qwen3.6-35b-a3b --layers 10 --out DIR
 
 Times the TTFT of one ~40-token prompt (max_tokens 1) through the engine with the prefill graphs
-off and on, and the greedy tokens of a few prompts both ways (bf16: the graph runs the recurrent
-GDN step, eager the chunked rule, so rounding may differ; reported, not asserted).
+off, on with one request per replay, and on with the prompts that arrive together in one replay;
+the largest TTFT of 8 such prompts submitted together (`burst8`); and the greedy tokens of a few
+prompts each way (bf16: the graph runs the recurrent GDN step, eager the chunked rule, so rounding
+may differ; reported, not asserted).
 """
 
 from __future__ import annotations
@@ -41,6 +43,18 @@ def _run(engine: Engine, prompt: tuple[int, ...], max_tokens: int) -> tuple[list
     return tokens, h.stats.ttft_s
 
 
+def _burst(engine: Engine, prompts: list[tuple[int, ...]]) -> float:
+    """The largest TTFT (s) of prompts submitted together (max_tokens 1)."""
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    handles = [
+        engine.submit(engine.reserve(), GenerationRequest(f"b{i}", p, params)) for i, p in enumerate(prompts)
+    ]
+    for h in handles:
+        with h:
+            h.result(600)
+    return max(h.stats.ttft_s for h in handles)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="qwen3.6-35b-a3b")
@@ -68,14 +82,18 @@ def main() -> int:
         "layers": args.layers,
     }
     outs = {}
-    for name, buckets in (("eager", ()), ("graphs", base.prefill_graph_buckets)):
-        engine = Engine(model, replace(base, prefill_graph_buckets=buckets)).start()
+    burst = [tuple((i * 6007 + j * 104729) % 240000 + 10 for j in range(36 + i)) for i in range(8)]
+    runs = (("eager", (), None), ("graphs_one_row", base.prefill_graph_buckets, 1),
+            ("graphs", base.prefill_graph_buckets, None))  # fmt: skip
+    for name, buckets, rows in runs:
+        engine = Engine(model, replace(base, prefill_graph_buckets=buckets, prefill_graph_rows=rows)).start()
         engine.wait_prepared()
         stats = engine.runner.graph_stats
         toks = [_run(engine, pr, 16)[0] for pr in prompts]
         ttft = []
         for _ in range(8):
             ttft.append(_run(engine, prompts[2], 1)[1])
+        bursts = [_burst(engine, burst) for _ in range(4)]
         engine.shutdown(5.0)
         outs[name] = toks
         result[name] = {
@@ -83,12 +101,17 @@ def main() -> int:
                 "median": round(statistics.median(ttft[2:]) * 1e3, 2),
                 "min": round(min(ttft) * 1e3, 2),
             },
+            "burst8_max_ttft_ms": {"median": round(statistics.median(bursts[1:]) * 1e3, 2)},
             "prefill_buckets": None if stats is None else stats.prefill_buckets,
+            "prefill_shapes": None if stats is None else stats.prefill_shapes,
             "prefill_error": None if stats is None else stats.prefill_error,
             "prefill_capture_s": None if stats is None else round(stats.prefill_capture_s, 2),
         }
         print(name, result[name], flush=True)
     result["greedy_equal"] = [a == b for a, b in zip(outs["eager"], outs["graphs"], strict=True)]
+    result["greedy_equal_rows"] = [
+        a == b for a, b in zip(outs["graphs_one_row"], outs["graphs"], strict=True)
+    ]
     result["greedy_first_diff"] = [
         next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
         for a, b in zip(outs["eager"], outs["graphs"], strict=True)

@@ -151,19 +151,30 @@ def test_runner_graph_switches_and_fallback(small_model) -> None:
         late.prepare()
 
 
-def _generate(engine: Engine, prompts: list[tuple[int, ...]], **params) -> list[list[int]]:
-    handles = []
-    for i, p in enumerate(prompts):
-        req = GenerationRequest(
-            f"g{i}", p, SamplingParams(max_tokens=12, seed=40 + i, ignore_eos=True, **params)
+def _submit(engine: Engine, prompts: list[tuple[int, ...]], first: int = 0, **params) -> list:
+    """Submit without waiting; request i (counting from `first`) is seeded as `_generate` seeds it."""
+    return [
+        engine.submit(
+            engine.reserve(),
+            GenerationRequest(
+                f"g{i}", p, SamplingParams(max_tokens=12, seed=40 + i, ignore_eos=True, **params)
+            ),
         )
-        handles.append(engine.submit(engine.reserve(), req))
+        for i, p in enumerate(prompts, start=first)
+    ]
+
+
+def _collect(handles: list) -> list[list[int]]:
     out = []
     for h in handles:
         tokens, _ = h.result(120.0)
         h.close()
         out.append(list(tokens))
     return out
+
+
+def _generate(engine: Engine, prompts: list[tuple[int, ...]], **params) -> list[list[int]]:
+    return _collect(_submit(engine, prompts, **params))
 
 
 @pytest.mark.parametrize("params", [{"temperature": 0.0}, {"temperature": 1.0, "top_k": 20}])

@@ -15,21 +15,25 @@ from ninfer.engine.graphs import EagerCapture
 from ninfer.engine.plan import PrefillPlan
 from ninfer.engine.runner import Runner, small_prefill_buckets
 from ninfer.model.config import TextConfig
-from tests.engine.test_graphs import CPU, _generate
+from tests.engine.test_graphs import CPU, _collect, _generate, _submit
 
 
-def _graphed(model, cfg: EngineConfig, buckets: tuple[int, ...]) -> tuple[Engine, EagerCapture, list[int]]:
+def _graphed(
+    model, cfg: EngineConfig, buckets: tuple[int, ...], start: bool = True
+) -> tuple[Engine, EagerCapture, list[tuple[int, int]]]:
+    """An engine whose runner captures with `EagerCapture`; -> (engine, backend, the (rows, q)
+    of every prefill replay)."""
     engine = Engine(model, cfg)
     backend = EagerCapture()
     runner = Runner(
         model, engine.kv, engine.states, engine.runner.max_pages, CPU, None,
         max_batch=cfg.max_concurrency, capture=backend, prefill_buckets=buckets,
     )  # fmt: skip
-    used: list[int] = []
-    inner = runner._prefill_graph
-    runner._prefill_graph = lambda plan, q: (used.append(q), inner(plan, q))[1]  # type: ignore[method-assign]
+    used: list[tuple[int, int]] = []
+    inner = runner._prefill_rows
+    runner._prefill_rows = lambda plans, q: (used.append((len(plans), q)), inner(plans, q))[1]  # type: ignore[method-assign]
     engine.runner = runner
-    return engine.start(), backend, used
+    return (engine.start() if start else engine), backend, used
 
 
 @pytest.mark.parametrize("params", [{"temperature": 0.0}, {"temperature": 1.0, "top_k": 20}])
@@ -46,15 +50,40 @@ def test_short_chunks_through_prefill_graphs_equal_eager(small_model, params) ->
     want_follow = _generate(eager, follow, **params)
     eager.shutdown()
     engine, backend, used = _graphed(small_model, cfg, (16, 32, 48, 64))
-    got = _generate(engine, prompts, **params)
+    got = [_collect(_submit(engine, [p], i, **params))[0] for i, p in enumerate(prompts)]  # one at a time
     got_follow = _generate(engine, follow, **params)
     engine.shutdown()
     assert {(1, 16), (1, 32), (1, 48), (1, 64)} <= set(backend.captured)
     assert got == want and got_follow == want_follow
     # 5, 6, 2 and the second turn's 4 -> 16; 20 -> 32; 33 -> 48; the full 64-token chunks -> 64
-    assert sorted(used) == [16, 16, 16, 16, 32, 48, 64, 64, 64]
+    assert sorted(q for _, q in used) == [16, 16, 16, 16, 32, 48, 64, 64, 64]
+    assert all(b == 1 for b, _ in used)
     assert engine.runner.graph_stats is not None
     assert engine.runner.graph_stats.prefill_buckets == (16, 32, 48, 64)
+
+
+@pytest.mark.parametrize("params", [{"temperature": 0.0}, {"temperature": 1.0, "top_k": 20}])
+def test_prompts_arriving_together_share_one_prefill_replay(small_model, params) -> None:
+    """Requests admitted together prefill their short chunks in one (B, q) replay (each row padded
+    to the widest chunk's bucket) and produce the tokens of eager prefill."""
+    cfg = EngineConfig(max_concurrency=6, max_pending=8, max_context=256, prefill_chunk=64, kv_capacity=1536)
+    prompts = [
+        tuple((i * 31 + j * 7) % 500 + 1 for j in range(n)) for i, n in enumerate((5, 70, 20, 130, 33, 9))
+    ]
+    eager = Engine(small_model, replace(cfg, no_cuda_graph=True)).start()
+    want = _generate(eager, prompts, **params)
+    eager.shutdown()
+    engine, backend, used = _graphed(small_model, cfg, (16, 32, 48, 64), start=False)
+    handles = _submit(engine, prompts, **params)  # queued before the engine runs: admitted together
+    engine.start()
+    got = _collect(handles)
+    engine.shutdown()
+    assert got == want
+    # the first chunks of all six (5, 64, 20, 64, 33, 9 tokens) in one replay padded to 64; then
+    # the second chunks of the 70- and 130-token prompts (6 and 64 tokens), then the 130's last 2
+    assert used == [(6, 64), (2, 64), (1, 16)]
+    assert (6, 64) in backend.captured and engine.runner.graph_stats is not None
+    assert (6, 64) in engine.runner.graph_stats.prefill_shapes
 
 
 def test_a_chunk_whose_padding_has_no_pages_runs_eagerly(small_model) -> None:
