@@ -244,7 +244,8 @@ class DecodeGraphs:
             stats.verify_q, stats.verify_batch_sizes = self.verify_q, sizes_t
             stats.verify_capture_s, stats.verify_pool_bytes = vs, vb
         log.info(
-            "captured %d decode graphs (batch 1..%d) in %.2f s, %.1f MiB; verify q=%s: %.2f s, %.1f MiB",
+            "captured %d decode graphs (batch 1..%d) in %.2f s, %.1f MiB; verify q=%s: %.2f s, %.1f MiB; "
+            "%d prefill graphs (buckets %s, up to %d rows) in %.2f s",
             len(order),
             self.max_batch,
             stats.capture_s,
@@ -252,6 +253,10 @@ class DecodeGraphs:
             self.verify_q,
             stats.verify_capture_s,
             stats.verify_pool_bytes / 2**20,
+            len(stats.prefill_shapes),
+            "/".join(str(q) for q in sorted({q for _, q in stats.prefill_shapes})) or "none",
+            max((b for b, _ in stats.prefill_shapes), default=0),
+            stats.prefill_capture_s,
         )
         return stats
 
