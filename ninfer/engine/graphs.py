@@ -159,6 +159,8 @@ class GraphStats:
     prefill_shapes: tuple[tuple[int, int], ...] = ()  # every captured prefill (rows, q)
     prefill_capture_s: float = 0.0
     prefill_error: str | None = None  # why the prefill graphs are off (decode graphs unaffected)
+    graph_breaks: int | None = None  # with torch.compile: Dynamo's graph breaks in the captured steps
+    compile_error: str | None = None  # why torch.compile was dropped at startup (the eager step runs)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

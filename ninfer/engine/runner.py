@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from ninfer.engine.multimodal import MediaEncoder
     from ninfer.engine.speculative.decoder import SpecDecoder
 
+
+log = logging.getLogger("ninfer.engine.runner")
 
 SMALL_MOE_TOKENS, SMALL_MOE_ROWS = 64, 384  # the small-batch MoE kernels' limits (triton/moe.py)
 # The conv step kernel takes at most 64 tokens (triton backend CONV_STEP_MAX_T); longer per-token
@@ -135,9 +138,24 @@ class Runner:
             return self.graph_stats
         with torch.inference_mode():
             self.graph_stats = graphs.capture()
+        if self.graph_stats.error is not None and self._compiled:
+            return self._eager_fallback(self.graph_stats.error)
         if self.graph_stats.error is None:
             self.graphs = graphs
+        if self._compiled:
+            self.graph_stats.graph_breaks = _graph_breaks()
         return self.graph_stats
+
+    def _eager_fallback(self, error: str) -> GraphStats | None:
+        """The compiled step failed while the graphs were captured (before ready): log one line,
+        run the eager step from now on and capture again."""
+        log.warning("torch.compile of the step failed at startup, the eager step runs: %s", error)
+        self._step, self._compiled = self._forward_logits, False
+        self._prepared = False
+        stats = self.prepare()
+        if stats is not None:
+            stats.compile_error = error
+        return stats
 
     def _layer_cuts(self) -> InstallCut | None:
         """Cuts the captured step after every len(layers) / graph_segments decoder layers (the
@@ -441,9 +459,19 @@ def small_prefill_buckets(buckets: Sequence[int], config: TextConfig) -> tuple[i
 def _compiled(fn: StepFn, max_batch: int) -> StepFn:
     """`torch.compile` of the decode step (inductor, graph breaks allowed around custom kernels).
     Shapes start static; the second batch size makes the batch dimension symbolic, so a whole
-    capture compiles a few times (per q) rather than once per size."""
+    capture compiles a few times (per q) rather than once per size. Inductor compiles in this
+    process: its worker subprocesses failed on the H200 machine (`SubprocException`, b4b914b)."""
     import torch._dynamo
+    import torch._inductor.config
 
-    limit = 2 * max_batch + 4  # decode and verify shapes
+    torch._inductor.config.compile_threads = 1
+    limit = 8 * max_batch + 16  # decode, verify and prefill shapes
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
     return torch.compile(fn, dynamic=None, fullgraph=False)
+
+
+def _graph_breaks() -> int:
+    """Graph breaks Dynamo recorded in this process (each splits the compiled step)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())

@@ -151,7 +151,13 @@ def bench_model(
         eng = make_engine(model, a.es, ctx + a.decode_tokens + lanes + 64, lanes, compile=True)
         try:
             run_requests(eng, [random_prompt(min(256, ctx), 99, cfg.vocab_size)], 4)
-            res["compile"] = {"startup_s": time.perf_counter() - t1, "decode_tok_s": {}}
+            gs = eng.runner.graph_stats
+            res["compile"] = {
+                "startup_s": time.perf_counter() - t1,
+                "decode_tok_s": {},
+                "graph_breaks": None if gs is None else gs.graph_breaks,
+                "compile_error": None if gs is None else gs.compile_error,  # fell back to the eager step
+            }
             for bs in (1, lanes):
                 prompts = [random_prompt(ctx, 1000 * bs + i, cfg.vocab_size) for i in range(bs)]
                 r = run_requests(eng, prompts, a.decode_tokens + bs)

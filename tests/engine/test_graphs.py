@@ -228,3 +228,34 @@ def test_on_launch_runs_once_after_a_graph_launch_and_before_eager_work(small_mo
         DecodePlan([DecodeRow(1, 7, 3, 0, [1], _greedy())]), on_launch=lambda: events.append("launch")
     )
     assert events == ["launch", "launch"]
+
+
+def test_a_compiled_step_that_fails_at_capture_falls_back_to_the_eager_step(small_model, monkeypatch) -> None:
+    """torch.compile failing while the graphs are captured (before ready) leaves the eager step,
+    captured, with the reason in the graph stats; requests never meet the failure."""
+
+    def broken(fn, max_batch):
+        def step(batch):
+            raise RuntimeError("InductorError: SubprocException (planted)")
+
+        return step
+
+    monkeypatch.setattr("ninfer.engine.runner._compiled", broken)
+    cfg = EngineConfig(max_concurrency=2, max_pending=4, max_context=256, prefill_chunk=64)
+    prompts = [tuple((i * 31 + j * 7) % 500 + 1 for j in range(n)) for i, n in enumerate((5, 40))]
+    eager = Engine(small_model, replace(cfg, no_cuda_graph=True)).start()
+    want = _generate(eager, prompts)
+    eager.shutdown()
+    engine = Engine(small_model, cfg)
+    backend = EagerCapture()
+    engine.runner = Runner(
+        small_model, engine.kv, engine.states, engine.runner.max_pages, CPU, None,
+        max_batch=2, capture=backend, compile=True,
+    )  # fmt: skip
+    engine.start()
+    got = _generate(engine, prompts)
+    engine.shutdown()
+    stats = engine.runner.graph_stats
+    assert stats is not None and stats.error is None and stats.batch_sizes == (1, 2)
+    assert stats.compile_error is not None and "planted" in stats.compile_error
+    assert got == want
