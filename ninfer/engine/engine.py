@@ -305,9 +305,15 @@ class Engine:
         if warm or (warm is None and self.device.type == "cuda"):
             chunks = warmup_chunks(self.config.prefill_chunk, self.config.max_context)
             vocab = self.config.vocab_limit or self.text_config.vocab_size
-            self.warmup = warm_prefill(self.runner.execute, chunks, vocab)
+            with self.model.one_layer_per_kind() as thin:  # every kernel, a fraction of the time
+                self.warmup = warm_prefill(self.runner.execute, chunks, vocab, thin=thin)
             warm_sampling(self.device, self.text_config.vocab_size, self.config.max_concurrency)
-            log.info("prefill warm-up: %d chunks in %.1fs", self.warmup.chunks, self.warmup.seconds)
+            log.info(
+                "prefill warm-up: %d chunks in %.1fs%s",
+                self.warmup.chunks,
+                self.warmup.seconds,
+                " (one decoder layer of each kind)" if thin else "",
+            )
         self.compiles_at_ready = jit_watch.count()
         self._kernels_at_ready = jit_watch.by_name()
         self.prepared.set()

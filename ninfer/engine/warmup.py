@@ -17,6 +17,12 @@ sampling paths run once on random logits at batch 1 and the largest batch: greed
 with top-k / top-p / min-p, penalties, logprobs and a grammar mask, so the first request of each
 kind loads no kernel either.
 
+The chunks run through one decoder layer of each kind (`Qwen35Model.one_layer_per_kind`): every
+layer of a kind runs the same kernels at the same shapes, so this reaches every kernel a full
+forward does in a fraction of the time (on the H200 the full-depth warm-up took 51 s on the 27B
+and 67 s on the 35B-A3B; ready time is what a restart costs). A model whose drafter reads captured
+layer outputs (DFlash) warms up at full depth.
+
 Warm-up writes one scratch lane (slot 0, the first pages); every admission zeroes or restores its
 lane's slot before its first chunk and K/V beyond a sequence's frontier is never read, so no
 request sees what warm-up left.
@@ -47,6 +53,7 @@ class WarmupChunk:
 class WarmupReport:
     chunks: int
     seconds: float
+    thin: bool = False  # ran one decoder layer of each kind (`Qwen35Model.one_layer_per_kind`)
 
 
 def warmup_chunks(prefill_chunk: int, max_context: int) -> list[WarmupChunk]:
@@ -67,7 +74,11 @@ def warmup_chunks(prefill_chunk: int, max_context: int) -> list[WarmupChunk]:
 
 
 def warm_prefill(
-    execute: Callable[[PrefillPlan], object], chunks: list[WarmupChunk], vocab: int, slot: int = 0
+    execute: Callable[[PrefillPlan], object],
+    chunks: list[WarmupChunk],
+    vocab: int,
+    slot: int = 0,
+    thin: bool = False,
 ) -> WarmupReport:
     """Run each chunk as a prefill of a scratch sequence in `slot` through `execute`
     (`Runner.execute`). A chunk after a history first fills that history in one chunk."""
@@ -77,7 +88,7 @@ def warm_prefill(
         pages = list(range(pages_for(c.start + c.length)))
         execute(PrefillPlan(seq_id=-1, tokens=tokens, start=c.start, slot=slot, pages=pages,
                             ops_before=[SlotOp(dst=slot)] if c.start == 0 else [], graph=False))  # fmt: skip
-    return WarmupReport(chunks=len(chunks), seconds=time.perf_counter() - t0)
+    return WarmupReport(chunks=len(chunks), seconds=time.perf_counter() - t0, thin=thin)
 
 
 class _EvenTokens:

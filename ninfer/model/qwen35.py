@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -55,6 +56,24 @@ class Qwen35Model(nn.Module):
         for m in self.modules():
             if hasattr(m, "ops"):
                 m.ops = ops
+
+    @contextmanager
+    def one_layer_per_kind(self) -> Iterator[bool]:
+        """Within the block, `forward` runs the first decoder layer of each kind alone (the layers
+        of a kind run the same kernels at the same shapes, so a forward reaches every kernel a full
+        one does, at a fraction of its cost: the engine's warm-up). Yields False and leaves the
+        model whole when a drafter reads captured layer outputs."""
+        if self.capture_layers:
+            yield False
+            return
+        keep = sorted({t: i for i, t in reversed(list(enumerate(self.config.layer_types)))}.values())
+        layers, index = self.layers, self.pool_index
+        self.layers = nn.ModuleList(layers[i] for i in keep)
+        self.pool_index = [index[i] for i in keep]
+        try:
+            yield True
+        finally:
+            self.layers, self.pool_index = layers, index
 
     @property
     def mtp_available(self) -> bool:

@@ -55,6 +55,7 @@ def test_warmed_engine_computes_what_a_cold_one_does(small_model: Any) -> None:
     try:
         assert warm.wait_prepared(120)
         assert warm.warmup is not None and warm.warmup.chunks == len(warmup_chunks(64, 256))
+        assert warm.warmup.thin and len(warm.model.layers) == len(small_model.config.layer_types)
         assert _run(warm) == want
         assert warm.late_compiles() == 0  # the CPU compiles nothing
     finally:
@@ -79,3 +80,22 @@ def test_sampling_warm_up_takes_every_sampling_path() -> None:
     assert any(s.logprobs for s in kinds) and any(s.constraint is not None for s in kinds)
     # batch 1 for each kind and one batch of 8, each with and without an in-graph argmax
     assert warm_sampling(torch.device("cpu"), vocab=300, max_batch=8) == 2 * (len(kinds) + 8)
+
+
+def test_one_layer_per_kind_runs_each_kind_once_and_restores_the_model(small_model: Any) -> None:
+    kinds = small_model.config.layer_types
+    layers, index = list(small_model.layers), list(small_model.pool_index)
+    with small_model.one_layer_per_kind() as thin:
+        assert thin
+        assert [layer.kind for layer in small_model.layers] == sorted(set(kinds), key=kinds.index)
+        assert all(
+            small_model.layers[i] is layers[kinds.index(layer.kind)]
+            for i, layer in enumerate(small_model.layers)
+        )
+    assert list(small_model.layers) == layers and small_model.pool_index == index
+    small_model.capture_layers = (1,)  # a DFlash drafter reads layer outputs: the model stays whole
+    try:
+        with small_model.one_layer_per_kind() as thin:
+            assert not thin and list(small_model.layers) == layers
+    finally:
+        small_model.capture_layers = ()
