@@ -429,11 +429,13 @@ def _first_tokens(plans: Sequence[PrefillPlan], logits: torch.Tensor) -> StepRes
 def prefill_graph_shapes(
     buckets: Sequence[int], config: TextConfig, max_rows: int
 ) -> tuple[tuple[int, int], ...]:
-    """(rows, q) of the prefill graphs: every bucket for 1..max_rows rows, as far as the
+    """(rows, q) of the prefill graphs: every bucket for 1, 2, 4, ... and max_rows rows (each
+    captured graph costs ready time: ~2 s for a full-size 27B step on the H200), as far as the
     graph-safe small-batch MoE kernels take them (at most 64 tokens and 384 routed rows a step)."""
+    rows = sorted({1 << i for i in range(max_rows.bit_length()) if 1 << i <= max_rows} | {max_rows})
     out = []
     for q in buckets:
-        for b in range(1, max_rows + 1):
+        for b in rows:
             if config.is_moe and (
                 b * q > SMALL_MOE_TOKENS or b * q * int(config.num_experts_per_tok or 1) > SMALL_MOE_ROWS
             ):

@@ -157,24 +157,26 @@ class Scheduler:
         return None
 
     def _prefill_group(self, pre: list[Seq]) -> tuple[list[Seq], int | None]:
-        """The first prefilling request and, in admission order, the others whose next chunk can
-        share one captured prefill graph with it (text chunks, each padded to one bucket); the
-        bucket, or None when the first one's chunk fits no graph with others."""
+        """The first prefilling request and, in admission order, as many of the others whose next
+        chunk a captured prefill graph takes as one graph takes together (text chunks, each padded
+        to one bucket; graphs exist for some row counts); the bucket, or None for the first alone."""
         fit = self.prefill_fit
         if fit is None or len(pre) < 2 or pre[0].request.multimodal is not None:
             return pre[:1], None
-        group: list[Seq] = [pre[0]]
         shapes = [self._chunk_shape(pre[0])]
-        q = None
+        if fit(shapes) is None:
+            return pre[:1], None
+        group = [pre[0]]
         for seq in pre[1:]:
-            if seq.request.multimodal is not None:
-                continue
-            wider = fit([*shapes, self._chunk_shape(seq)])
-            if wider is not None:
+            shape = self._chunk_shape(seq)
+            if seq.request.multimodal is None and fit([shape]) is not None:
                 group.append(seq)
-                shapes.append(self._chunk_shape(seq))
-                q = wider
-        return group, q
+                shapes.append(shape)
+        for n in range(len(group), 1, -1):
+            q = fit(shapes[:n])
+            if q is not None:
+                return group[:n], q
+        return pre[:1], None
 
     def _chunk_shape(self, seq: Seq) -> tuple[int, int, int]:
         """(tokens, start, pages held) of a prefilling request's next chunk."""

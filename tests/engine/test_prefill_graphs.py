@@ -5,7 +5,8 @@ and only buckets the model's graph-safe kernels take."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,7 +14,7 @@ from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.graphs import EagerCapture
 from ninfer.engine.plan import PrefillPlan
-from ninfer.engine.runner import Runner, small_prefill_buckets
+from ninfer.engine.runner import Runner, prefill_graph_shapes, small_prefill_buckets
 from ninfer.model.config import TextConfig
 from tests.engine.test_graphs import CPU, _collect, _generate, _submit
 
@@ -106,14 +107,49 @@ def test_a_chunk_whose_padding_has_no_pages_runs_eagerly(small_model) -> None:
     assert used == []
 
 
+DENSE = TextConfig(
+    family="qwen3_5", vocab_size=64, hidden_size=8, num_hidden_layers=1, layer_types=("full_attention",),
+    num_attention_heads=1, num_key_value_heads=1, head_dim=8, linear_num_key_heads=1,
+    linear_num_value_heads=1, linear_key_head_dim=8, linear_value_head_dim=8, intermediate_size=8,
+    mrope_section=(1, 1, 0), eos_token_ids=(1,),
+)  # fmt: skip
+
+
 def test_moe_buckets_stay_within_the_small_kernels() -> None:
-    dense = TextConfig(
-        family="qwen3_5", vocab_size=64, hidden_size=8, num_hidden_layers=1, layer_types=("full_attention",),
-        num_attention_heads=1, num_key_value_heads=1, head_dim=8, linear_num_key_heads=1,
-        linear_num_value_heads=1, linear_key_head_dim=8, linear_value_head_dim=8, intermediate_size=8,
-        mrope_section=(1, 1, 0), eos_token_ids=(1,),
-    )  # fmt: skip
+    dense = DENSE
     moe = replace(dense, family="qwen3_5_moe", num_experts=256, num_experts_per_tok=8, intermediate_size=None,
                   moe_intermediate_size=8, shared_expert_intermediate_size=8)  # fmt: skip
     assert small_prefill_buckets((16, 32, 48, 64, 128, 1), dense) == (16, 32, 48, 64)
     assert small_prefill_buckets((16, 32, 48, 64), moe) == (16, 32, 48)  # 64 x 8 routed rows > 384
+    # several rows: at most 64 tokens and 384 routed rows a replay
+    assert prefill_graph_shapes((16, 32, 48), moe, 8) == ((1, 16), (2, 16), (1, 32), (1, 48))
+
+
+def test_prefill_graph_shapes_and_grouping() -> None:
+    """Rows 1, 2, 4, ... and the largest; the scheduler groups as many fitting chunks as one
+    captured graph takes, in admission order, skipping chunks no graph takes."""
+    from ninfer.engine.scheduler import Scheduler
+
+    dense = DENSE
+    assert prefill_graph_shapes((16, 64), dense, 6) == tuple((b, q) for q in (16, 64) for b in (1, 2, 4, 6))
+    captured = {1, 2, 4}
+
+    def fit(chunks: list[tuple[int, int, int]]) -> int | None:
+        return 16 if len(chunks) in captured and all(t <= 16 for t, _, _ in chunks) else None
+
+    sched = Scheduler.__new__(Scheduler)  # the grouping alone: chunks stand in for requests
+    sched.prefill_fit = fit
+
+    @dataclass
+    class FakeSeq:
+        n: int  # the next chunk's tokens
+        request: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(multimodal=None))
+
+    seqs = [FakeSeq(n) for n in (5, 40, 9, 12, 3)]  # the 40-token chunk fits no graph
+    sched._chunk_shape = lambda s: (s.n, 0, 4)  # type: ignore[method-assign]
+    group, q = sched._prefill_group(seqs)  # type: ignore[arg-type]
+    assert q == 16 and [s.n for s in group] == [5, 9, 12, 3]  # 4 rows: a captured count
+    group, q = sched._prefill_group(seqs[:4])  # type: ignore[arg-type]
+    assert q == 16 and [s.n for s in group] == [5, 9]  # 3 fitting, no 3-row graph: 2
+    group, q = sched._prefill_group([seqs[1], seqs[0]])  # type: ignore[arg-type]
+    assert q is None and group == [seqs[1]]  # the first fits nothing: it goes alone
