@@ -36,7 +36,7 @@ GIB = 1 << 30
 def cold_tier_fields(stats: RequestStats) -> dict[str, Any]:
     """request_done's cold-tier fields: the tier's cumulative counters and arena occupancy when the
     request ended (zeros and inactive without a tier), and whether this request was restored."""
-    ct: dict[str, Any] = dict(getattr(stats, "cold_tier", None) or {})
+    ct: dict[str, Any] = dict(stats.cold_tier)
     out: dict[str, Any] = {
         "cold_tier_active": bool(ct),
         "cold_tier_restored": bool(ct.get("restored", False)),
@@ -103,8 +103,8 @@ def compat_key(adjustment: dict[str, str]) -> str:
 
 
 def adjustments(job: GenerationJob) -> list[dict[str, str]]:
-    """The job's --client-compat record (jobs built outside the protocol parsers carry none)."""
-    return list(getattr(job, "compat", None) or [])
+    """The job's --client-compat record (empty unless a protocol parser adjusted the request)."""
+    return list(job.compat)
 
 
 class Recorder:
