@@ -16,7 +16,9 @@
 # mode on the 35B-A3B synthetic artifact: CONV_N conversations (16) over 8 lanes growing to
 # CONV_HISTORY tokens (16384) in CONV_TURNS turns (4), the cold tier on GPU 1 when there is one,
 # then the same conversations with --no-cold-tier; CONV_S seconds (480), CONV_ARGS more flags;
-# result under OUT_DIR/conv35). At most
+# result under OUT_DIR/conv35), "prefill_graphs" (prefill_graphs.py on 10- and 8-layer 35B-A3B /
+# 27B artifacts: under OUT_DIR/pg) and "compile" (run.py's torch.compile'd decode on both models,
+# COMPILE_S seconds (400): under OUT_DIR/compile). At most
 # eight files land in OUT_DIR (logs, result JSON; the 35B-A3B result under OUT_DIR/m35).
 # BENCH27_ARGS / BENCH35_ARGS replace the benches' section flags (defaults: "--skip hf" and
 # "--skip hf,spec --startup qwen3.6-35b-a3b"); BENCH27_S / BENCH35_S their seconds (300 / 220);
@@ -93,11 +95,27 @@ for step in $steps; do
             --skip first,c1,c8,c32,poisson,lengths,multi_turn,soak,engine ${CONV_ARGS:-} \
             -- --max-concurrency 8 --max-context "$context" --kv-capacity $((8 * context)) \
             --max-pending-requests 32 $tier ;;
+    prefill_graphs)  # short prefills eager / one row per replay / grouped, and a burst of 8 (reduced depth)
+        run prefill_graphs 150 python3 ops/bench/prefill_graphs.py --shape qwen3.6-35b-a3b --layers 10 --out "$out/pg"
+        run prefill_graphs 150 python3 ops/bench/prefill_graphs.py --shape qwen3.6-27b --layers 8 --out "$out/pg"
+        ;;
+    compile)  # the torch.compile'd decode step against the eager one (graph breaks, compile errors)
+        run compile "${COMPILE_S:-400}" python3 ops/bench/run.py --quick --models qwen3.6-35b-a3b,qwen3.6-27b \
+            --compile qwen3.6-35b-a3b,qwen3.6-27b --skip ttft,prefill,int8,spec,hf \
+            --budget-s "$(( ${COMPILE_S:-400} - 20 ))" --out "$out/compile" ;;
+    prefill_graphs)  # short prefills eager / one row per replay / grouped, and a burst of 8 (reduced depth)
+        run prefill_graphs 150 python3 ops/bench/prefill_graphs.py --shape qwen3.6-35b-a3b --layers 10 --out "$out/pg"
+        run prefill_graphs 150 python3 ops/bench/prefill_graphs.py --shape qwen3.6-27b --layers 8 --out "$out/pg"
+        ;;
+    compile)  # the torch.compile'd decode step against the eager one (graph breaks, compile errors)
+        run compile "${COMPILE_S:-400}" python3 ops/bench/run.py --quick --models qwen3.6-35b-a3b,qwen3.6-27b \
+            --compile qwen3.6-35b-a3b,qwen3.6-27b --skip ttft,prefill,int8,spec,hf \
+            --budget-s "$(( ${COMPILE_S:-400} - 20 ))" --out "$out/compile" ;;
     micro)
         run micro 90 python3 ops/bench/moe_micro.py --out "$out"
         run micro 60 python3 ops/bench/gemv_micro.py --out "$out"
         ;;
-    *) echo "unknown step $step (bench_27b bench_35b serve_27b serve_35b conversations_35b probe spec_identity moe_sweep kernel_tests micro)" ;;
+    *) echo "unknown step $step (bench_27b bench_35b serve_27b serve_35b conversations_35b prefill_graphs compile probe spec_identity moe_sweep kernel_tests micro)" ;;
     esac
 done
 echo "done in $(($(date +%s) - start)) s"
