@@ -180,10 +180,6 @@ class Engine:
         raises `GrammarError` (`GrammarUnavailable` when this engine cannot constrain output)."""
         if self.grammars is None:
             raise GrammarUnavailable(spec.param, "constrained output needs an engine with a tokenizer")
-        if self.spec is not None:
-            raise GrammarUnavailable(
-                spec.param, "constrained output is not available with speculative decoding"
-            )
         self.grammars.compiled(spec)
 
     def reserve(self) -> Ticket:

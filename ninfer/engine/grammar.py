@@ -6,6 +6,11 @@ token is sampled, then the grammar constrains the answer. The reasoning may use 
 the request's output entitlement; at that point only the end-of-thinking token is admitted, so
 the constrained answer always has room. With thinking off the grammar starts at the first token.
 After the grammar is complete only the stop tokens are admitted.
+
+Speculative verification looks ahead: `advance` accepts a draft tentatively (reasoning phase and
+budget included, exactly as `accept` would) so that `fill` gives the mask of the next position,
+and `rewind` returns to the committed state; the engine then commits the verified tokens through
+`accept`, as on the plain path.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 import torch
 
 from ninfer.engine.api import ConstraintSpec
+from ninfer.engine.sampler import word_bit
 
 CACHE_SIZE = 64  # compiled grammars kept (distinct schemas), least recently used evicted
 THINK_END = "</think>"
@@ -35,7 +41,7 @@ class GrammarError(ValueError):
 
 
 class GrammarUnavailable(GrammarError):
-    """This engine cannot constrain output at all (no tokenizer, or speculative decoding)."""
+    """This engine cannot constrain output at all (no tokenizer)."""
 
 
 class Grammars:
@@ -107,6 +113,8 @@ class GrammarConstraint:
         self.think_end = think_end  # None: the answer (grammar) starts at the next token
         self.reasoning_left = reasoning_budget
         self.rejected = 0  # tokens the grammar did not accept (never expected: the mask forbids them)
+        self._committed: tuple[int | None, int] | None = None  # (think_end, reasoning_left) to rewind to
+        self._ahead = 0  # matcher tokens accepted by `advance` since the last `rewind`
 
     @property
     def in_reasoning(self) -> bool:
@@ -117,7 +125,7 @@ class GrammarConstraint:
             if self.reasoning_left > 0:
                 return False  # free reasoning (the end of thinking admitted among everything)
             words.zero_()  # reasoning budget spent: only the end of thinking
-            words[self.think_end // 32] = _bit(self.think_end % 32)
+            words[self.think_end // 32] = word_bit(self.think_end % 32)
             return True
         if self.matcher.is_terminated():
             return False  # the stop token was accepted: the request is ending
@@ -128,14 +136,38 @@ class GrammarConstraint:
 
     def accept(self, token: int) -> None:
         if self.think_end is not None:
-            self.reasoning_left -= 1
-            if token == self.think_end:
-                self.think_end = None
+            self._reason(token)
             return
         if not self.matcher.is_terminated() and not self.matcher.accept_token(token):
             self.rejected += 1
 
+    def _reason(self, token: int) -> None:
+        self.reasoning_left -= 1
+        if token == self.think_end:
+            self.think_end = None
 
-def _bit(i: int) -> int:
-    """Bit i of an int32 word as a Python int in int32 range (bit 31 is the sign bit)."""
-    return (1 << i) - (1 << 32) if i == 31 else 1 << i
+    def advance(self, token: int) -> bool:
+        """Accept a draft token tentatively, as `accept` would, until `rewind`; False (state
+        unchanged) when the current mask does not admit it."""
+        if self._committed is None:
+            self._committed = (self.think_end, self.reasoning_left)
+        if self.think_end is not None:
+            if self.reasoning_left <= 0 and token != self.think_end:
+                return False
+            self._reason(token)
+            return True
+        if self.matcher.is_terminated():
+            return True  # unconstrained (the request ends at the stop token)
+        if not self.matcher.accept_token(token):
+            return False
+        self._ahead += 1
+        return True
+
+    def rewind(self) -> None:
+        """Back to the committed state: undo every `advance` since the last rewind."""
+        if self._committed is not None:
+            self.think_end, self.reasoning_left = self._committed
+            self._committed = None
+        if self._ahead:
+            self.matcher.rollback(self._ahead)
+            self._ahead = 0

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -122,6 +122,18 @@ class TokenConstraint(Protocol):
     def accept(self, token: int) -> None: ...
 
 
+@runtime_checkable
+class DraftConstraint(TokenConstraint, Protocol):
+    """A constraint that can look ahead through draft tokens (speculative decoding): `advance`
+    accepts a token tentatively (False, state unchanged, when the current mask does not admit
+    it), so that `fill` gives the next position's mask; `rewind` undoes every advance since the
+    last rewind."""
+
+    def advance(self, token: int) -> bool: ...
+
+    def rewind(self) -> None: ...
+
+
 class RowSampler:
     """Sampling state of one request: its own generator, so batch composition never matters."""
 
@@ -152,9 +164,13 @@ class RowSampler:
         return self.penalized or self.constraint is not None or self.logprobs is not None
 
     def observe(self, token: int) -> None:
-        self.counts[token] = self.counts.get(token, 0) + 1
+        """A committed token: counted (penalties) and accepted by the constraint."""
+        self.count(token)
         if self.constraint is not None:
             self.constraint.accept(token)
+
+    def count(self, token: int) -> None:
+        self.counts[token] = self.counts.get(token, 0) + 1
 
     def adjust(self, logits: torch.Tensor) -> torch.Tensor:
         """logits: [V] float32 -> the penalized logits (OpenAI semantics over generated tokens):
@@ -244,17 +260,94 @@ def _masked(logits: torch.Tensor, samplers: list[RowSampler], shared: bool) -> t
     rows = [i for i, s in enumerate(samplers) if s.constraint is not None]
     if not rows:
         return logits
-    v = logits.shape[1]
-    words = torch.full((len(rows), (v + 31) // 32), -1, dtype=torch.int32)
+    words = _all_allowed(len(rows), logits.shape[1])
     kept = [i for j, i in enumerate(rows) if samplers[i].constraint.fill(words[j])]  # type: ignore[union-attr]
     if not kept:
         return logits
     words = words[[rows.index(i) for i in kept]]
-    allowed = unpack_bitmask(_to(words, logits.device), v)  # [N, V]
     out = logits.clone() if shared else logits
     idx = _to(torch.tensor(kept, dtype=torch.int64), logits.device)
-    out[idx] = out[idx].masked_fill(~allowed, float("-inf"))
+    out[idx] = _apply_masks(out[idx], words)
     return out
+
+
+def _all_allowed(n: int, vocab: int) -> torch.Tensor:
+    """n packed masks admitting every token: int32 [n, ceil(V / 32)] on the host."""
+    return torch.full((n, (vocab + 31) // 32), -1, dtype=torch.int32)
+
+
+def _apply_masks(logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """logits [N, V], host words [N, ceil(V / 32)] -> logits with -inf where a mask bit is clear."""
+    allowed = unpack_bitmask(_to(words, logits.device), logits.shape[1])  # [N, V]
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
+# ----- speculative lookahead: masks of positions after draft tokens -----
+
+
+def _lookahead(sampler: RowSampler) -> DraftConstraint:
+    c = sampler.constraint
+    if not isinstance(c, DraftConstraint):
+        raise TypeError(f"{type(c).__name__} cannot look ahead through draft tokens")
+    return c
+
+
+def draft_masked(logits: torch.Tensor, samplers: list[RowSampler]) -> torch.Tensor:
+    """One draft position's logits [B, V] with each constrained row's mask in its lookahead state
+    (`advance_drafts`): what the plain path would apply had the row's drafts so far been committed.
+    The same tensor when no row is masked; otherwise a copy."""
+    return _masked(logits, samplers, shared=True)
+
+
+def advance_drafts(samplers: list[RowSampler], tokens: Sequence[int]) -> None:
+    """Each constrained row's lookahead past its newest draft `tokens[i]` (undone by `rewind`)."""
+    for s, t in zip(samplers, tokens, strict=True):
+        if s.constraint is not None:
+            _lookahead(s).advance(int(t))
+
+
+def rewind(samplers: list[RowSampler]) -> None:
+    """Every constrained row back to its committed state."""
+    for s in samplers:
+        if s.constraint is not None:
+            _lookahead(s).rewind()
+
+
+def run_masked(
+    logits: torch.Tensor, samplers: list[RowSampler], drafts: Sequence[Sequence[int]]
+) -> tuple[list[int], torch.Tensor]:
+    """Verification logits [B, q, V] of inputs [t_last, d_1..d_{q-1}] -> (the constrained rows,
+    their logits [C, q, V] masked): position j gets the mask the plain path would apply after
+    d_1..d_j were committed. A draft that the mask at its position does not admit ends the run
+    there (later positions are left unmasked: acceptance cannot reach them). The constraints end
+    in their committed state; rows without a constraint cost nothing."""
+    rows = [i for i, s in enumerate(samplers) if s.constraint is not None]
+    if not rows:
+        return rows, logits[:0]
+    q, v = logits.shape[1], logits.shape[2]
+    words = _all_allowed(len(rows) * q, v).view(len(rows), q, -1)
+    for c, i in enumerate(rows):
+        con = _lookahead(samplers[i])
+        try:
+            for j, d in enumerate(drafts[i][: q - 1]):
+                w = words[c, j]
+                if con.fill(w) and not (int(w[d >> 5]) >> (d & 31)) & 1:
+                    break  # disallowed: the target's choice here cannot be d
+                if not con.advance(d):  # never expected (the mask admitted it): end the run here
+                    w[d >> 5] &= ~word_bit(d & 31)
+                    break
+            else:
+                con.fill(words[c, len(drafts[i][: q - 1])])
+        finally:
+            con.rewind()
+    idx = _to(torch.tensor(rows, dtype=torch.int64), logits.device)
+    masked = _apply_masks(logits[idx].reshape(len(rows) * q, v), words.view(len(rows) * q, -1))
+    return rows, masked.view(len(rows), q, v)
+
+
+def word_bit(i: int) -> int:
+    """Bit i of an int32 word as a Python int in int32 range (bit 31 is the sign bit)."""
+    return (1 << i) - (1 << 32) if i == 31 else 1 << i
 
 
 def batch_probs(logits: torch.Tensor, samplers: list[RowSampler]) -> torch.Tensor:

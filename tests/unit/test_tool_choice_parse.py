@@ -176,11 +176,11 @@ def test_messages_errors_name_the_field(patch: dict[str, Any], param: str) -> No
 def test_an_engine_that_cannot_constrain_drops_only_a_compat_auto_constraint() -> None:
     from ninfer.api.pipeline import Pipeline, PipelineConfig
 
-    class NoGrammars:  # a speculative engine: compiles nothing
+    class NoGrammars:  # an engine without a tokenizer: compiles nothing
         def check_constraint(self, spec: Any) -> None:
             from ninfer.engine.grammar import GrammarUnavailable
 
-            raise GrammarUnavailable(spec.param, "not with speculative decoding")
+            raise GrammarUnavailable(spec.param, "needs an engine with a tokenizer")
 
     pipeline = Pipeline(NoGrammars(), None, None, PipelineConfig(64, 16), lambda: 1)  # type: ignore[arg-type]
     strict = [{**MSG_TOOL, "strict": True}]

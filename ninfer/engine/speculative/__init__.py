@@ -14,5 +14,6 @@ Module map:
 Engine hooks (the only places the engine knows about speculation): the runner hands decode plans
 to `SpecDecoder.decode`, and reports slot operations and prefill hidden rows to it; the engine
 commits each row's run token by token until a stop or the length limit, then calls
-`SpecRound.finalize` with the committed counts.
+`SpecRound.finalize` with the committed counts. Grammar-constrained rows are drafted and verified
+under their masks through the sampler's lookahead (`docs/grammar.md`, "Speculative decoding").
 """

@@ -12,6 +12,13 @@ live state; a row that commits c < k+1 (a rejected draft, or a stop / length lim
 accepted run) gets scratch[c-1] copied into its live slot: one slot copy, no snapshot and no second
 forward. KV rows past the committed prefix are left behind and overwritten later (cache_lens governs).
 
+Grammar-constrained rows are verified on masked logits: position j carries the mask the plain path
+would apply after the row's drafts d_1..d_j were committed (`sampler.run_masked`: the constraint
+looks ahead through the drafts, then rewinds), so a draft the grammar refuses ends acceptance there
+and greedy output equals spec off. The constraint stays at the committed state; the engine's commit
+advances it through the committed tokens as on the plain path. Rows without a constraint are not
+touched.
+
 Every target forward goes through the runner's `forward` (bound at construction): a CUDA graph
 replay per (batch, q) when captured, else eager. Hidden rows handed to the drafter may be views of
 a static graph buffer that the next replay of the same q overwrites: a drafter copies what it keeps.
@@ -28,7 +35,7 @@ import torch
 
 from ninfer.engine.pages import PAGE
 from ninfer.engine.plan import DecodePlan, DecodeRow, SlotOp, StepResult
-from ninfer.engine.sampler import sample_rows
+from ninfer.engine.sampler import run_masked, sample_rows
 from ninfer.engine.speculative.mtp import Proposal, rope_positions
 from ninfer.engine.speculative.rejection import match_greedy, plain_greedy, verify
 from ninfer.engine.step_io import StepOut, StepRows
@@ -194,12 +201,23 @@ class SpecDecoder:
                 StepRows.for_decode(srows, inputs, writes)
             )  # hidden [S, k+1, H], logits [S, k+1, V]
             hidden = out.hidden
-            greedy = out.greedy() if any(plain_greedy(r.sampler) for r in srows) else []
+            samplers = [r.sampler for r in srows]
+            # constrained rows: their logits under the mask of each position (host work while the GPU runs)
+            crows, masked = run_masked(out.logits, samplers, [p.tokens for p in proposals])
+            at = {j: c for c, j in enumerate(crows)}
+            greedy: list[list[int]] = []
+            if any(plain_greedy(s) for s in samplers):
+                top = out.argmax if out.argmax is not None else out.logits.argmax(-1)  # [S, k+1]
+                if crows:  # the masked rows' choices, in the same transfer
+                    top = torch.cat([top, masked.argmax(-1)])
+                greedy = top.tolist()
             for j, (i, r, p) in enumerate(zip(spec, srows, proposals, strict=True)):
+                c = at.get(j)
                 if plain_greedy(r.sampler):
-                    verdict = match_greedy(greedy[j], p.tokens)
+                    verdict = match_greedy(greedy[j if c is None else len(srows) + c], p.tokens)
                 else:
-                    verdict = verify(r.sampler, out.logits[j], p.tokens, p.probs)
+                    logits = out.logits[j] if c is None else masked[c]  # [k+1, V]
+                    verdict = verify(r.sampler, logits, p.tokens, p.probs)
                 runs[i], drafted[i], accepted[i] = verdict.tokens, k, verdict.accepted
 
         def finalize(committed: list[int | None]) -> None:

@@ -20,8 +20,9 @@ import torch
 
 from ninfer.engine.pages import PAGE
 from ninfer.engine.plan import DecodeRow, SlotOp
-from ninfer.engine.speculative.mtp import Proposal, mask_vocab
-from ninfer.engine.speculative.rejection import plain_greedy, propose
+from ninfer.engine.sampler import rewind
+from ninfer.engine.speculative.mtp import Proposal, mask_vocab, proposals
+from ninfer.engine.speculative.rejection import draft_step, plain_greedy, propose
 from ninfer.model.cache import KVPool
 from ninfer.model.dflash import DFlashDrafter
 
@@ -140,18 +141,28 @@ class DFlashEngineDrafter:
         logits = mask_vocab(
             self.drafter.logits(hidden[:, 1:], self.model.lm_head), self.vocab_limit
         )  # [B, k, V]
+        samplers = [r.sampler for r in rows]
+        if any(s.constraint is not None for s in samplers):
+            drafts: list[list[int]] = [[] for _ in rows]
+            probs: list[list[torch.Tensor]] = [[] for _ in rows]
+            try:
+                for j in range(k):  # position by position: a constrained row's mask follows its drafts
+                    draft_step(samplers, logits[:, j], drafts, probs)
+            finally:
+                rewind(samplers)
+            return proposals(drafts, probs)
         argmax = logits.argmax(-1).tolist()  # one transfer for the plain greedy rows
         out = []
         for i, r in enumerate(rows):
             if plain_greedy(r.sampler):
                 out.append(Proposal(argmax[i], None))
                 continue
-            drafts: list[int] = []
-            probs: list[torch.Tensor] = []
+            row: list[int] = []
+            row_probs: list[torch.Tensor] = []
             for j in range(k):
-                d, q = propose(r.sampler, logits[i, j], drafts)
-                drafts.append(d)
+                d, q = propose(r.sampler, logits[i, j], row)
+                row.append(d)
                 if q is not None:
-                    probs.append(q)
-            out.append(Proposal(drafts, torch.stack(probs) if probs else None))
+                    row_probs.append(q)
+            out.append(Proposal(row, torch.stack(row_probs) if row_probs else None))
         return out

@@ -13,7 +13,9 @@ and a reused prefix needs no rebuild. Pending hidden rows are the drafter's own 
 (never views of a caller's buffer), shared by reference between slots and never written in place.
 
 Plain greedy rounds replay one captured graph of the whole proposal (`draft_graphs.py`); the eager
-steps stay the reference and serve sampled rows.
+steps stay the reference and serve sampled rows. Eager steps draft constrained rows under their
+grammar masks (`rejection.draft_step`); the graph drafts them unmasked (verification masks them,
+so only acceptance can differ), so a constrained row never costs the others the graph.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ import torch
 
 from ninfer.engine.graphs import CaptureBackend, GraphStats
 from ninfer.engine.plan import DecodeRow, SlotOp
+from ninfer.engine.sampler import rewind
 from ninfer.engine.speculative.draft_graphs import DraftGraphs, DraftLane
 from ninfer.engine.speculative.draft_head import DraftHead
-from ninfer.engine.speculative.rejection import plain_greedy, propose
+from ninfer.engine.speculative.rejection import draft_step, plain_greedy
 from ninfer.model.cache import KVPool, make_batch
 
 
@@ -241,29 +244,29 @@ class MTPDrafter:
                 self.pending[r.slot] = Pending(r.position)
             return [Proposal(d, None) for d in drafts_g]
         x = self._first_step(rows)  # [B, H]
+        samplers = [r.sampler for r in rows]
         drafts: list[list[int]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
-        for j in range(k):
-            logits = self._logits(x)  # [B, V]
-            argmax = logits.argmax(-1).tolist()  # one transfer for the plain greedy rows
-            for i, r in enumerate(rows):
-                if plain_greedy(r.sampler):
-                    drafts[i].append(argmax[i])
-                    continue
-                d, q = propose(r.sampler, logits[i], drafts[i])
-                drafts[i].append(d)
-                if q is not None:
-                    probs[i].append(q)
-            if j == k - 1:
-                break
-            batch = make_batch(
-                [[d[-1]] for d in drafts],
-                [r.position + j for r in rows],
-                [0] * len(rows),
-                [r.pages for r in rows],
-                self.max_pages,
-                self.device,
-                positions=rope_positions([r.position + r.rope_delta + j for r in rows], 1, self.device),
-            )
-            x = self.mtp(batch, x[:, None], self.kv)[:, 0]
-        return [Proposal(d, torch.stack(q) if q else None) for d, q in zip(drafts, probs, strict=True)]
+        try:
+            for j in range(k):
+                draft_step(samplers, self._logits(x), drafts, probs)  # [B, V] logits
+                if j == k - 1:
+                    break
+                batch = make_batch(
+                    [[d[-1]] for d in drafts],
+                    [r.position + j for r in rows],
+                    [0] * len(rows),
+                    [r.pages for r in rows],
+                    self.max_pages,
+                    self.device,
+                    positions=rope_positions([r.position + r.rope_delta + j for r in rows], 1, self.device),
+                )
+                x = self.mtp(batch, x[:, None], self.kv)[:, 0]
+        finally:
+            rewind(samplers)  # constrained rows' lookahead back to their committed tokens
+        return proposals(drafts, probs)
+
+
+def proposals(drafts: list[list[int]], probs: list[list[torch.Tensor]]) -> list[Proposal]:
+    """Per row its drafts, with the stacked draft distributions when they were sampled."""
+    return [Proposal(d, torch.stack(q) if q else None) for d, q in zip(drafts, probs, strict=True)]

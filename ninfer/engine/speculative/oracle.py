@@ -10,6 +10,9 @@ The forwards read each row's live GDN slot and write the per-token states into t
 slots (never the live one); the KV rows they write past the committed prefix are rewritten by the
 verification. Its cost is k target forwards, not an MTP's draft steps: time it separately.
 
+Constrained rows draft under their grammar masks, the masks verification applies at each position
+(the sampler's lookahead through the drafts so far), so their drafts are accepted as well.
+
 Each draft is then replaced by a wrong token with probability `wrong_fraction` (its own seeded
 generator). With `wrong_fraction = 0` every draft of a greedy request is accepted, which exercises
 long accepted runs and stops inside them; a fraction sets the acceptance rate to measure
@@ -26,6 +29,7 @@ from typing import Any
 import torch
 
 from ninfer.engine.plan import DecodeRow, SlotOp
+from ninfer.engine.sampler import advance_drafts, draft_masked, rewind
 from ninfer.engine.speculative.mtp import Proposal
 from ninfer.engine.speculative.rejection import greedy_token, plain_greedy
 from ninfer.engine.step_io import StepOut, StepRows
@@ -79,21 +83,30 @@ class OracleDrafter:
         # the state after token t goes to scratch[t]; the last token's also to scratch[k-1], not the live slot
         writes = [[*s[:k], s[k - 1]] for s in (self.scratch_slots(r.slot) for r in rows)]
         drafts: list[list[int]] = [[] for _ in rows]
-        greedy_rows = any(plain_greedy(r.sampler) for r in rows)
-        for j in range(k):
-            inputs = [
-                [r.token, *d] + [d[-1] if d else r.token] * (k - len(d))
-                for r, d in zip(rows, drafts, strict=True)
-            ]
-            out = self._forward(StepRows.for_decode(rows, inputs, writes))  # logits [B, k+1, V]
-            top = out.greedy() if greedy_rows else []  # [B][k+1]
-            for i, r in enumerate(rows):
-                t = (
-                    top[i][j]
-                    if plain_greedy(r.sampler)
-                    else greedy_token(r.sampler, out.logits[i, j], drafts[i])
-                )
-                drafts[i].append(t)
+        samplers = [r.sampler for r in rows]
+        greedy_rows = any(plain_greedy(s) for s in samplers)
+        try:
+            for j in range(k):
+                inputs = [
+                    [r.token, *d] + [d[-1] if d else r.token] * (k - len(d))
+                    for r, d in zip(rows, drafts, strict=True)
+                ]
+                out = self._forward(StepRows.for_decode(rows, inputs, writes))  # logits [B, k+1, V]
+                raw = out.logits[:, j]  # [B, V]
+                logits = draft_masked(raw, samplers)  # constrained rows: the mask verification applies here
+                top = out.greedy() if greedy_rows else []  # [B][k+1]
+                masked = logits.argmax(-1).tolist() if greedy_rows and logits is not raw else None
+                for i, s in enumerate(samplers):
+                    if not plain_greedy(s):
+                        t = greedy_token(s, logits[i], drafts[i])
+                    elif masked is not None and s.constraint is not None:
+                        t = masked[i]
+                    else:
+                        t = top[i][j]
+                    drafts[i].append(t)
+                advance_drafts(samplers, [d[-1] for d in drafts])
+        finally:
+            rewind(samplers)
         return [Proposal([self._maybe_wrong(t) for t in d], None) for d in drafts]
 
     def _maybe_wrong(self, token: int) -> int:

@@ -1,5 +1,9 @@
 """Verification of k drafts against the target's k+1 logit rows: greedy matching and rejection sampling.
 
+Constrained rows (a grammar) are drafted and verified on masked logits: draft position j and
+verified position j both carry the mask of the constraint's state after d_1..d_j (the sampler's
+lookahead), so p and q are the masked distributions and a draft the mask refuses has p = 0.
+
 Both distributions go through the request's own `RowSampler` pipeline (penalties with the draft
 prefix counted as generated, temperature, top-k, top-p, min-p), and every random draw uses the
 request's generator, so a seed reproduces a request. Rejection sampling (Leviathan et al.):
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.engine.sampler import RowSampler
+from ninfer.engine.sampler import RowSampler, advance_drafts, draft_masked
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ def observed(sampler: RowSampler, prefix: Sequence[int]) -> Iterator[RowSampler]
     saved = dict(sampler.counts)
     try:
         for t in prefix:
-            sampler.observe(int(t))
+            sampler.count(int(t))  # counted only: a constraint's state is the caller's (masked logits)
         yield sampler
     finally:
         sampler.counts = saved
@@ -146,3 +150,22 @@ def propose(
         return greedy_token(sampler, draft_logits, prefix), None
     q = distribution(sampler, draft_logits, prefix)
     return draw(q, sampler.generator), q
+
+
+def draft_step(
+    samplers: list[RowSampler], logits: torch.Tensor, drafts: list[list[int]], probs: list[list[torch.Tensor]]
+) -> None:
+    """One draft position of every row from draft logits [B, V]: constrained rows masked in their
+    lookahead state (then advanced past the new draft), plain greedy rows take the argmax (one
+    transfer), the others `propose`. Appends to `drafts` and, for sampled drafts, `probs`."""
+    logits = draft_masked(logits, samplers)
+    argmax = logits.argmax(-1).tolist()
+    for i, s in enumerate(samplers):
+        if plain_greedy(s):
+            drafts[i].append(argmax[i])
+            continue
+        d, q = propose(s, logits[i], drafts[i])
+        drafts[i].append(d)
+        if q is not None:
+            probs[i].append(q)
+    advance_drafts(samplers, [d[-1] for d in drafts])
