@@ -90,7 +90,7 @@ def answer_constraint(
 
 
 def fallback(control: ToolControl, text: ConstraintSpec | None, compat: bool) -> str | None:
-    """With --client-compat, what an engine that cannot constrain output (speculative decoding)
+    """With --client-compat, what an engine that cannot constrain output (built without a tokenizer)
     records when it drops a constraint that only enforces strict tools or a single call under
     ``auto``; None: such an engine refuses the request (forced calls, a text format)."""
     if compat and control.mode == "auto" and text is None:

@@ -304,6 +304,8 @@ class Engine:
             with self.model.one_layer_per_kind() as thin:  # every kernel, a fraction of the time
                 self.warmup = warm_prefill(self.runner.execute, chunks, vocab, thin=thin)
             warm_sampling(self.device, self.text_config.vocab_size, self.config.max_concurrency)
+            if self.grammars is not None:
+                self.grammars.prepare()  # ~2 s of tokenizer tables, not in the first constrained request
             log.info(
                 "prefill warm-up: %d chunks in %.1fs%s",
                 self.warmup.chunks,

@@ -46,7 +46,8 @@ class GrammarUnavailable(GrammarError):
 
 class Grammars:
     """The process's grammar compiler over the model's vocabulary; thread-safe, lazy (the
-    tokenizer tables take ~2 s to build, on the first constrained request)."""
+    tokenizer tables take ~2 s to build: on the first constrained request, or before ready where
+    the engine warms up, `prepare`)."""
 
     def __init__(self, tokenizer_path: str | Path, vocab_size: int, stop_ids: Iterable[int]) -> None:
         self.tokenizer_path = str(tokenizer_path)
@@ -56,6 +57,11 @@ class Grammars:
         self._compiler: Any = None
         self._think_end: int | None = None
         self._cache: OrderedDict[ConstraintSpec, Any] = OrderedDict()
+
+    def prepare(self) -> None:
+        """Build the tokenizer tables now (the engine's warm-up), not in the first constrained request."""
+        with self._lock:
+            self._ensure()
 
     def _ensure(self) -> Any:
         if self._compiler is None:

@@ -226,3 +226,20 @@ def test_dflash_constrained_equals_spec_off(grammars, tokenizer) -> None:
     got = _run(moe_model(True), grammars, _requests(), spec_method="dflash", draft_tokens=3)
     assert [t for t, _, _ in got] == [t for t, _, _ in want]
     _check_answers(tokenizer[0], got, reasoning_may_stop=True)  # this model's reasoning draws a stop
+
+
+def test_grammar_tables_are_built_before_ready_where_the_engine_warms_up(model, tokenizer) -> None:
+    """The tokenizer tables (~2 s at full vocabulary) are built in the warm-up, not by the first
+    constrained request; an engine that does not warm up builds them lazily."""
+    lazy = Grammars(tokenizer[1], VOCAB, STOPS)
+    cold = _engine(model, lazy, prefill_warmup=False)
+    try:
+        assert cold.wait_prepared(60) and lazy._compiler is None
+    finally:
+        cold.shutdown()
+    warmed = Grammars(tokenizer[1], VOCAB, STOPS)
+    engine = _engine(model, warmed, prefill_warmup=True, max_context=128, kv_capacity=1024)
+    try:
+        assert engine.wait_prepared(120) and warmed._compiler is not None
+    finally:
+        engine.shutdown()
