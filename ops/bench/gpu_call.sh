@@ -18,7 +18,8 @@
 # then the same conversations with --no-cold-tier; CONV_S seconds (480), CONV_ARGS more flags;
 # result under OUT_DIR/conv35), "prefill_graphs" (prefill_graphs.py on 10- and 8-layer 35B-A3B /
 # 27B artifacts: under OUT_DIR/pg) and "compile" (run.py's torch.compile'd decode on both models,
-# COMPILE_S seconds (400): under OUT_DIR/compile). At most
+# COMPILE_S seconds (400): under OUT_DIR/compile), "grammar_27b" / "grammar_35b" (grammar_overhead.py
+# on the serve steps' synthetic artifacts: under OUT_DIR/grammar). At most
 # eight files land in OUT_DIR (logs, result JSON; the 35B-A3B result under OUT_DIR/m35).
 # BENCH27_ARGS / BENCH35_ARGS replace the benches' section flags (defaults: "--skip hf" and
 # "--skip hf,spec --startup qwen3.6-35b-a3b"); BENCH27_S / BENCH35_S their seconds (300 / 220);
@@ -99,14 +100,13 @@ for step in $steps; do
         run prefill_graphs 150 python3 ops/bench/prefill_graphs.py --shape qwen3.6-35b-a3b --layers 10 --out "$out/pg"
         run prefill_graphs 150 python3 ops/bench/prefill_graphs.py --shape qwen3.6-27b --layers 8 --out "$out/pg"
         ;;
-    compile)  # the torch.compile'd decode step against the eager one (graph breaks, compile errors)
-        run compile "${COMPILE_S:-400}" python3 ops/bench/run.py --quick --models qwen3.6-35b-a3b,qwen3.6-27b \
-            --compile qwen3.6-35b-a3b,qwen3.6-27b --skip ttft,prefill,int8,spec,hf \
-            --budget-s "$(( ${COMPILE_S:-400} - 20 ))" --out "$out/compile" ;;
-    prefill_graphs)  # short prefills eager / one row per replay / grouped, and a burst of 8 (reduced depth)
-        run prefill_graphs 150 python3 ops/bench/prefill_graphs.py --shape qwen3.6-35b-a3b --layers 10 --out "$out/pg"
-        run prefill_graphs 150 python3 ops/bench/prefill_graphs.py --shape qwen3.6-27b --layers 8 --out "$out/pg"
-        ;;
+    grammar_27b | grammar_35b)  # grammar masks at batch 8 on the full-size step, compile time per schema
+        shape=qwen3.6-27b
+        [ "$step" = grammar_35b ] && shape=qwen3.6-35b-a3b
+        [ -d "/tmp/serve_${step#grammar_}.ninfer" ] ||
+            python3 -m ninfer.artifact synth --shape "$shape" "/tmp/serve_${step#grammar_}.ninfer" --force >>"$out/$step.log" 2>&1
+        run "$step" 240 python3 ops/bench/grammar_overhead.py "/tmp/serve_${step#grammar_}.ninfer" --model "$shape" \
+            --out "$out/grammar" ;;
     compile)  # the torch.compile'd decode step against the eager one (graph breaks, compile errors)
         run compile "${COMPILE_S:-400}" python3 ops/bench/run.py --quick --models qwen3.6-35b-a3b,qwen3.6-27b \
             --compile qwen3.6-35b-a3b,qwen3.6-27b --skip ttft,prefill,int8,spec,hf \
@@ -115,7 +115,7 @@ for step in $steps; do
         run micro 90 python3 ops/bench/moe_micro.py --out "$out"
         run micro 60 python3 ops/bench/gemv_micro.py --out "$out"
         ;;
-    *) echo "unknown step $step (bench_27b bench_35b serve_27b serve_35b conversations_35b prefill_graphs compile probe spec_identity moe_sweep kernel_tests micro)" ;;
+    *) echo "unknown step $step (bench_27b bench_35b serve_27b serve_35b conversations_35b prefill_graphs grammar_27b grammar_35b compile probe spec_identity moe_sweep kernel_tests micro)" ;;
     esac
 done
 echo "done in $(($(date +%s) - start)) s"

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+
+def artifact_args(doc: str | None, argv: list[str]) -> tuple[argparse.ArgumentParser, list[str], list[str]]:
+    """A parser with the arguments every benchmark of one artifact takes (ARTIFACT, --model, --out,
+    --smoke; add more before parsing), the benchmark's own arguments and the server flags after `--`."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("artifact")
+    p.add_argument("--model", required=True, help="result name: qwen3.6-27b or qwen3.6-35b-a3b")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--smoke", action="store_true", help="small, on the CPU (the test suite)")
+    cut = argv.index("--") if "--" in argv else len(argv)
+    return p, argv[:cut], argv[cut + 1 :]
 
 
 def write_json(path: Path, result: dict[str, Any]) -> None:

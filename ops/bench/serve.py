@@ -30,7 +30,6 @@ of 8 prompts arriving together). One JSON lands in `--out`
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
 import json
 import os
@@ -47,7 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ops.bench import serve_conversations as conversations
-from ops.bench.report import provenance, write_json
+from ops.bench.report import artifact_args, provenance, write_json
 from ops.bench.serve_client import Result, get_json, prompt_text, stream, summarize
 
 
@@ -329,11 +328,8 @@ def _ratios(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("artifact")
-    p.add_argument("--model", required=True, help="result name: qwen3.6-27b or qwen3.6-35b-a3b")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--smoke", action="store_true", help="every section small (CPU, the test suite)")
+    raw = list(sys.argv[1:] if argv is None else argv)
+    p, own, server = artifact_args(__doc__, raw)  # server flags follow "--"
     p.add_argument(
         "--quick", action="store_true", help="fewer requests per section (one GPU call for both models)"
     )
@@ -367,11 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--engine-into", type=Path, default=None,
                    help="only the engine-alone figures, added to this earlier result JSON of the same artifact")  # fmt: skip
-    raw = list(sys.argv[1:] if argv is None else argv)
-    cut = raw.index("--") if "--" in raw else len(raw)  # server flags follow "--"
-    args = p.parse_args(raw[:cut])
+    args = p.parse_args(own)
     # 32 clients over 8 lanes: every client holds a ticket (8 running + 24 pending)
-    flags = raw[cut + 1 :] or [
+    flags = server or [
         "--max-concurrency",
         "8",
         "--max-context",
