@@ -16,6 +16,7 @@ and `rewind` returns to the committed state; the engine then commits the verifie
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -26,6 +27,8 @@ import torch
 
 from ninfer.engine.api import ConstraintSpec
 from ninfer.engine.sampler import word_bit
+
+log = logging.getLogger("ninfer.engine.grammar")
 
 CACHE_SIZE = 64  # compiled grammars kept (distinct schemas), least recently used evicted
 THINK_END = "</think>"
@@ -59,9 +62,14 @@ class Grammars:
         self._cache: OrderedDict[ConstraintSpec, Any] = OrderedDict()
 
     def prepare(self) -> None:
-        """Build the tokenizer tables now (the engine's warm-up), not in the first constrained request."""
-        with self._lock:
-            self._ensure()
+        """Build the tokenizer tables now (the engine's warm-up), not in the first constrained
+        request. A failure (e.g. xgrammar missing) is logged and left to the constrained requests,
+        which fail as they would have: the engine serves everything else."""
+        try:
+            with self._lock:
+                self._ensure()
+        except Exception as exc:
+            log.warning("grammar tables not built before ready (%s: %s)", type(exc).__name__, exc)
 
     def _ensure(self) -> Any:
         if self._compiler is None:

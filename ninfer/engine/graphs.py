@@ -263,24 +263,27 @@ class DecodeGraphs:
         return stats
 
     def _capture_prefill(self, pool: object, stats: GraphStats) -> None:
-        """The prefill shapes, largest first (one output buffer per q, as many rows as its widest
-        shape); a failure drops them alone."""
+        """The one-row prefill shapes, then those of several rows, each group largest first (one
+        output buffer per q, as many rows as its widest shape); a failure drops its group alone
+        (several rows failing leaves the one-row graphs)."""
         t0 = time.perf_counter()
-        shapes = sorted(
-            (s for s in self.prefill_shapes if not self.has(*s)), key=lambda s: (s[0] * s[1], s), reverse=True
-        )
-        try:
-            for b, q in shapes:
-                rows = max(r for r, qq in self.prefill_shapes if qq == q)
-                self.outputs.setdefault(q, self._output_buffers(q, rows=rows))
-                self._capture_one(b, q, pool)
-        except Exception as exc:
-            for s in shapes:
-                self._replay.pop(s, None)
-                self.static.pop(s, None)
-            stats.prefill_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-            log.warning("prefill graphs disabled, short prefills run eagerly: %s", stats.prefill_error)
-            return
+        todo = [s for s in self.prefill_shapes if not self.has(*s)]
+        for q in {q for _, q in todo}:
+            rows = max(r for r, qq in self.prefill_shapes if qq == q)
+            self.outputs.setdefault(q, self._output_buffers(q, rows=rows))
+        for group in ([s for s in todo if s[0] == 1], [s for s in todo if s[0] > 1]):
+            shapes = sorted(group, key=lambda s: (s[0] * s[1], s), reverse=True)
+            try:
+                for b, q in shapes:
+                    self._capture_one(b, q, pool)
+            except Exception as exc:
+                for s in shapes:
+                    self._replay.pop(s, None)
+                    self.static.pop(s, None)
+                stats.prefill_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                log.warning("prefill graphs of %s rows disabled: %s", "one" if shapes[0][0] == 1 else "several",
+                            stats.prefill_error)  # fmt: skip
+                break
         stats.prefill_shapes = tuple(s for s in self.prefill_shapes if self.has(*s))
         stats.prefill_buckets = tuple(sorted({q for b, q in stats.prefill_shapes if b == 1}))
         stats.prefill_capture_s = time.perf_counter() - t0

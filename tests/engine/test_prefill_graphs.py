@@ -153,3 +153,23 @@ def test_prefill_graph_shapes_and_grouping() -> None:
     assert q == 16 and [s.n for s in group] == [5, 9]  # 3 fitting, no 3-row graph: 2
     group, q = sched._prefill_group([seqs[1], seqs[0]])  # type: ignore[arg-type]
     assert q is None and group == [seqs[1]]  # the first fits nothing: it goes alone
+
+
+def test_a_failed_capture_of_several_rows_keeps_the_one_row_prefill_graphs(small_model, monkeypatch) -> None:
+    from ninfer.engine.graphs import DecodeGraphs
+
+    inner = DecodeGraphs._capture_one
+
+    def capture_one(self, b: int, q: int, pool: object) -> None:
+        if b > 1 and q > 1:
+            raise RuntimeError("out of memory (planted)")
+        inner(self, b, q, pool)
+
+    monkeypatch.setattr(DecodeGraphs, "_capture_one", capture_one)
+    cfg = EngineConfig(max_concurrency=4, max_pending=8, max_context=256, prefill_chunk=64)
+    engine, _, _ = _graphed(small_model, cfg, (16, 32))
+    engine.shutdown()
+    stats = engine.runner.graph_stats
+    assert stats is not None and stats.batch_sizes == (1, 2, 3, 4)  # decode graphs untouched
+    assert stats.prefill_shapes == ((1, 16), (1, 32)) and stats.prefill_buckets == (16, 32)
+    assert stats.prefill_error is not None and "planted" in stats.prefill_error
