@@ -6,10 +6,10 @@ weights): all three protocols, whole and streamed, thinking on and off.
   yield exactly one; strict tools under `auto` are constrained; a named tool that is not
   declared is a 400 on `tool_choice`.
 * Restricted and custom tools through the openai SDK: an `allowed_tools` choice with mode
-  `required` (Chat whole, Responses streamed) and a named custom tool (Chat streamed) yield one
-  call to an allowed tool, a custom tool's input fullmatching its regex (custom calls and their
-  outputs in the history); an undeclared allowed name and a regex the compiler refuses are 400s
-  naming their field.
+  `required` (a function and a custom tool: Chat whole; the custom tool alone: Responses
+  streamed) yields one call to an allowed tool, a custom tool's input fullmatching its regex
+  (custom calls and their outputs in the history); an undeclared allowed name and a regex the
+  compiler refuses are 400s naming their field.
 * The schema corpus (`schema_corpus.CORPUS`, 53 schemas), each once through one protocol's text
   format (Chat `response_format`, Responses `text.format`, Anthropic `output_config.format`),
   the protocol, streaming and thinking rotating over the corpus: every answer ended by itself
@@ -201,28 +201,16 @@ def _check_restricted(calls: list[tuple[str, Any]], allowed: set[str]) -> None:
             jsonschema.validate(json.loads(payload), schemas[name], format_checker=CHECKER)
 
 
-def _chat_calls(client: openai.OpenAI, stream: bool, **extra: Any) -> list[tuple[str, Any]]:
-    """(name, arguments JSON or custom input) of each call of one Chat answer."""
+def _chat_calls(client: openai.OpenAI, **extra: Any) -> list[tuple[str, Any]]:
+    """(name, arguments JSON or custom input) of each call of one Chat answer (its streamed shape:
+    `tests/unit/test_tool_choice_parse.py`)."""
     kwargs: dict[str, Any] = {"model": MODEL, "max_tokens": 64, "parallel_tool_calls": False}
-    kwargs["extra_body"] = {"enable_thinking": False}
-    kwargs.update(extra)
-    if not stream:
-        done = client.chat.completions.create(**kwargs)
-        assert done.choices[0].finish_reason == "tool_calls", done
-        return [
-            (c.custom.name, c.custom.input) if c.type == "custom" else (c.function.name, c.function.arguments)
-            for c in done.choices[0].message.tool_calls or []
-        ]
-    names: dict[int, str] = {}
-    payloads: dict[int, str] = {}
-    for chunk in client.chat.completions.create(stream=True, **kwargs):
-        for call in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
-            # the SDK types only function deltas; a custom one arrives as an extra `custom` field
-            part = call.function.model_dump() if call.function else (call.model_extra or {})["custom"]
-            names[call.index] = names.get(call.index, "") + (part.get("name") or "")
-            key = "arguments" if call.function else "input"
-            payloads[call.index] = payloads.get(call.index, "") + (part.get(key) or "")
-    return [(names[i], payloads[i]) for i in sorted(names)]
+    done = client.chat.completions.create(extra_body={"enable_thinking": False}, **kwargs, **extra)
+    assert done.choices[0].finish_reason == "tool_calls", done
+    return [
+        (c.custom.name, c.custom.input) if c.type == "custom" else (c.function.name, c.function.arguments)
+        for c in done.choices[0].message.tool_calls or []
+    ]
 
 
 def _responses_calls(client: openai.OpenAI, **extra: Any) -> list[tuple[str, Any]]:
@@ -256,18 +244,15 @@ def test_allowed_tools_and_custom_tools_through_the_sdk(server: Server) -> None:
         {"role": "tool", "tool_call_id": "c1", "content": "sent"},
         {"role": "user", "content": "Another one."},
     ]  # fmt: skip
-    responses_allowed = {"type": "allowed_tools", "mode": "required", "tools": [
-        {"type": "function", "name": "get_weather"}, {"type": "custom", "name": "code"}]}  # fmt: skip
+    only_code = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "custom", "name": "code"}]}
     responses_history = [
         *messages,
         {"type": "custom_tool_call", "call_id": "c1", "name": "code", "input": "a1"},
         {"type": "custom_tool_call_output", "call_id": "c1", "output": "sent"},
     ]
-    cases = [  # (allowed names, the answer's calls): the two longest answers first, two at a time
-        ({"add", "code"}, lambda: _chat_calls(client, False, messages=messages, tools=_chat_tools(), tool_choice=chat_allowed)),
-        ({"get_weather", "code"}, lambda: _responses_calls(client, input=responses_history, tool_choice=responses_allowed)),
-        ({"code"}, lambda: _chat_calls(client, True, messages=chat_history, tools=_chat_tools(),
-                                       tool_choice={"type": "custom", "custom": {"name": "code"}})),
+    cases = [  # (allowed names, the answer's calls), two at a time
+        ({"add", "code"}, lambda: _chat_calls(client, messages=chat_history, tools=_chat_tools(), tool_choice=chat_allowed)),
+        ({"code"}, lambda: _responses_calls(client, input=responses_history, tool_choice=only_code)),
     ]  # fmt: skip
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda case: case[1](), cases))

@@ -329,3 +329,49 @@ def test_an_engine_that_cannot_constrain_drops_only_a_compat_auto_constraint() -
     with pytest.raises(ApiError):  # forced calls are never dropped, compat or not
         forced = {**MESSAGES, "tool_choice": {"type": "any"}}
         pipeline._check_constraint(messages_request.parse(forced, ApiContext(client_compat=True)).job)
+
+
+def test_chat_shapes_custom_calls_whole_and_streamed() -> None:
+    from openai.types.chat import ChatCompletion
+
+    from ninfer.api.chat.routes import ChunkStream, _frames, completion_body
+    from ninfer.api.events import Finished, ToolCallArgumentsDelta, ToolCallEnd, ToolCallStart, Usage
+    from ninfer.frontend.conversation import ToolCall
+
+    custom = ToolCall("call_1", "patch", {"input": "ab"}, custom=True)
+    function = ToolCall("call_2", "get_weather", {"city": "Nice"})
+    done = Finished("tool_calls", Usage(5, 3, 0, 0), "", "", (custom, function))
+    body = ChatCompletion.model_validate(completion_body("c", 0, "m", done))
+    first, second = body.choices[0].message.tool_calls or []
+    assert first.type == "custom" and (first.id, first.custom.name, first.custom.input) == (
+        "call_1",
+        "patch",
+        "ab",
+    )
+    assert second.type == "function" and json.loads(second.function.arguments) == {"city": "Nice"}
+
+    class Gen:  # the generation's events, as the pipeline yields them
+        def events(self) -> list[Any]:
+            return [
+                ToolCallStart(0, "call_1", "patch", custom=True),
+                ToolCallArgumentsDelta(0, "ab"),
+                ToolCallEnd(0, custom),
+                ToolCallStart(1, "call_2", "get_weather"),
+                ToolCallArgumentsDelta(1, '{"city": "Nice"}'),
+                ToolCallEnd(1, function),
+                done,
+            ]
+
+    frames = [json.loads(f.decode()[6:]) for f in _frames(Gen(), ChunkStream("c", 0, "m", False))]  # type: ignore[arg-type]
+    deltas = [d for f in frames for d in f["choices"][0]["delta"].get("tool_calls", [])]
+    assert deltas == [
+        {"index": 0, "id": "call_1", "type": "custom", "custom": {"name": "patch", "input": ""}},
+        {"index": 0, "custom": {"input": "ab"}},
+        {
+            "index": 1,
+            "id": "call_2",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": ""},
+        },
+        {"index": 1, "function": {"arguments": '{"city": "Nice"}'}},
+    ]
