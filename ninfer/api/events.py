@@ -16,6 +16,7 @@ from ninfer.frontend.parser import (
     ToolCallEnd,
     ToolCallStart,
     arguments_json,
+    call_payload,
 )
 
 # The streamed events are the output parser's own; this module adds the protocol-level ones.
@@ -34,6 +35,7 @@ __all__ = [
     "ToolCallStart",
     "Usage",
     "arguments_json",
+    "call_payload",
 ]
 
 Protocol = Literal["chat_completions", "messages", "responses", "completions"]

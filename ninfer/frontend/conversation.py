@@ -25,10 +25,16 @@ Mapping rules the adapters follow:
 * `Tool(name, description, parameters, strict)`: a function definition; `parameters` is the
   JSON schema object. The output parser uses it to type generated argument values; `strict`
   (not rendered) constrains a generated call's arguments to it (`ninfer.frontend.tool_grammar`).
+* OpenAI custom tools (free-form text input, not JSON) are `custom_tool(name, description,
+  grammar)`: to the template a function with one required string parameter ``input`` (its
+  description says the input is free-form text, or quotes the grammar it must follow), so the
+  model calls them in the same XML form; `grammar` (not rendered apart from that description)
+  constrains the generated input. Their calls are `ToolCall(..., {"input": text}, custom=True)`.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -62,11 +68,21 @@ Part = TextPart | ImagePart | VideoPart
 
 @dataclass(frozen=True)
 class ToolCall:
-    """A function call made by the assistant; `arguments` is a decoded JSON object."""
+    """A function call made by the assistant; `arguments` is a decoded JSON object (a custom
+    tool's call: ``{"input": text}``)."""
 
     id: str
     name: str
     arguments: dict[str, Any]
+    custom: bool = False  # a call to a custom tool: the protocols show `input`, not arguments
+
+    @property
+    def input(self) -> str:
+        """A custom call's free-form input (its ``input`` argument; other arguments as JSON)."""
+        value = self.arguments.get("input")
+        if isinstance(value, str) and len(self.arguments) == 1:
+            return value
+        return json.dumps(self.arguments, ensure_ascii=False) if self.arguments else ""
 
 
 @dataclass
@@ -97,6 +113,14 @@ class Message:
 
 
 @dataclass(frozen=True)
+class InputGrammar:
+    """The grammar a custom tool's input must follow (OpenAI `format.grammar`)."""
+
+    syntax: Literal["lark", "regex"]
+    definition: str
+
+
+@dataclass(frozen=True)
 class Tool:
     """A client-defined function the model may call; `parameters` is a JSON schema object."""
 
@@ -104,6 +128,28 @@ class Tool:
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool = False  # generated arguments constrained to `parameters` (not in the prompt)
+    custom: bool = False  # an OpenAI custom tool: one free-form string parameter `CUSTOM_INPUT`
+    grammar: InputGrammar | None = None  # a custom tool's input format (None: any text)
+
+
+CUSTOM_INPUT = "input"  # the one parameter a custom tool shows the template
+
+
+def custom_tool(name: str, description: str | None, grammar: InputGrammar | None) -> Tool:
+    """A custom tool as the template sees it: a function of one required string `input`."""
+    if grammar is None:
+        about = "The tool's input: free-form text."
+    else:
+        about = (
+            f"The tool's input: text that matches this {grammar.syntax} grammar exactly:\n"
+            f"{grammar.definition}"
+        )
+    parameters = {
+        "type": "object",
+        "properties": {CUSTOM_INPUT: {"type": "string", "description": about}},
+        "required": [CUSTOM_INPUT],
+    }
+    return Tool(name, description, parameters, custom=True, grammar=grammar)
 
 
 @dataclass

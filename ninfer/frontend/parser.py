@@ -10,7 +10,8 @@ Conventions (they mirror the template's history form ``<think>\\n{reasoning}\\n<
 * With thinking off, output is content from the first byte.
 * With tools, ``<tool_call>...</tool_call>`` blocks in content become structured calls; the
   whole block is held until its closing tag, then `ToolCallStart`, one
-  `ToolCallArgumentsDelta` (the complete JSON object) and `ToolCallEnd` are emitted together.
+  `ToolCallArgumentsDelta` (the complete JSON object; a custom tool's call: its raw input) and
+  `ToolCallEnd` are emitted together.
   Whitespace between text and a call, between calls and after the last call is separator markup
   and dropped. Ordinary text streams at once; only a trailing whitespace run and a suffix that
   could still grow into ``<tool_call>`` are held back. A malformed or unterminated block is
@@ -56,12 +57,13 @@ class ToolCallStart:
     index: int  # order of the call within this response, from 0
     id: str
     name: str
+    custom: bool = False  # a custom tool's call: the deltas carry its free-form input
 
 
 @dataclass(frozen=True)
 class ToolCallArgumentsDelta:
     index: int
-    json_fragment: str
+    json_fragment: str  # the arguments' JSON text; a custom call's input text
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,12 @@ def new_call_id() -> str:
 def arguments_json(arguments: dict[str, Any]) -> str:
     """The one JSON text of a call's arguments: what `ToolCallArgumentsDelta`s stream, in full."""
     return json.dumps(arguments, ensure_ascii=False)
+
+
+def call_payload(call: ToolCall) -> str:
+    """What a call's `ToolCallArgumentsDelta`s stream, in full: a custom call's input, or the
+    arguments' JSON."""
+    return call.input if call.custom else arguments_json(call.arguments)
 
 
 def _partial_suffix(text: str, *tags: str) -> int:
@@ -201,9 +209,11 @@ class OutputParser:
 
     def _call(self, events: list[Event], name: str, params: list[tuple[str, str]]) -> None:
         index = len(self.result.tool_calls)
-        call = ToolCall(self._call_id(), name, typed_arguments(self._tools.get(name), params))
-        events.append(ToolCallStart(index, call.id, name))
-        events.append(ToolCallArgumentsDelta(index, arguments_json(call.arguments)))
+        tool = self._tools.get(name)
+        custom = tool is not None and tool.custom
+        call = ToolCall(self._call_id(), name, typed_arguments(tool, params), custom=custom)
+        events.append(ToolCallStart(index, call.id, name, custom))
+        events.append(ToolCallArgumentsDelta(index, call_payload(call)))
         events.append(ToolCallEnd(index, call))
         self.result.tool_calls.append(call)
 

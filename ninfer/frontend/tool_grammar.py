@@ -13,7 +13,9 @@ Calls are written in the chat template's exact form (what `toolcall.parse_block`
 consecutive calls joined by one newline. A call's parameters follow the tool's `parameters`
 schema in xgrammar's ``qwen_xml`` style (declared order, required keys present, a string value
 raw, any other value JSON) when the call is forced or the tool is strict; otherwise any
-parameters are admitted (the schema ``true``).
+parameters are admitted (the schema ``true``). A custom tool's call is always its one ``input``
+parameter, its value the raw input: the tool's grammar (a regex, or a Lark grammar: xgrammar's
+``regex`` and ``grammar`` formats) or, without one, any text without ``</parameter>``.
 
 Modes (the protocol adapters map their `tool_choice` spellings onto them):
 
@@ -31,11 +33,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from ninfer.frontend.conversation import Tool
+from ninfer.frontend.conversation import CUSTOM_INPUT, InputGrammar, Tool
 
 Mode = Literal["auto", "required", "named"]
 CALL_START = "<tool_call>"
 CALL_SEPARATOR = "\n"
+PARAMETER_END = "</parameter>"
 ANSWER_LEAD = "\n\n"  # what the template writes between `</think>` and the answer
 THINK_MARKERS = ["<think>", "</think>"]  # never part of an answer
 # Whitespace runs between markup and values: the template writes single newlines; unbounded runs
@@ -43,8 +46,26 @@ THINK_MARKERS = ["<think>", "</think>"]  # never part of an answer
 MAX_WHITESPACE = 1
 
 
+def input_format(grammar: InputGrammar | None) -> dict[str, Any]:
+    """A custom tool's input as a structural-tag format (None: any text that cannot end the
+    parameter early)."""
+    if grammar is None:
+        return {"type": "any_text", "excludes": [PARAMETER_END]}
+    if grammar.syntax == "regex":
+        return {"type": "regex", "pattern": grammar.definition}
+    return {"type": "grammar", "grammar": grammar.definition, "syntax": "lark"}
+
+
 def call_tag(tool: Tool, constrained: bool) -> dict[str, Any]:
-    """One `<tool_call>` block of `tool`; `constrained`: its parameters follow its schema."""
+    """One `<tool_call>` block of `tool`; `constrained`: its parameters follow its schema (a
+    custom tool's input always follows its grammar)."""
+    if tool.custom:
+        return {
+            "type": "tag",
+            "begin": f"{CALL_START}\n<function={tool.name}>\n<parameter={CUSTOM_INPUT}>\n",
+            "content": input_format(tool.grammar),
+            "end": f"\n{PARAMETER_END}\n</function>\n</tool_call>",
+        }
     schema: Any = tool.parameters if constrained and tool.parameters is not None else True
     return {
         "type": "tag",

@@ -5,6 +5,11 @@ weights): all three protocols, whole and streamed, thinking on and off.
   validate against its schema; a named tool yields exactly that one call; parallel calls off
   yield exactly one; strict tools under `auto` are constrained; a named tool that is not
   declared is a 400 on `tool_choice`.
+* Restricted and custom tools through the openai SDK: an `allowed_tools` choice with mode
+  `required` (a function and a custom tool: Chat whole; the custom tool alone: Responses
+  streamed) yields one call to an allowed tool, a custom tool's input fullmatching its regex
+  (custom calls and their outputs in the history); an undeclared allowed name and a regex the
+  compiler refuses are 400s naming their field.
 * The schema corpus (`schema_corpus.CORPUS`, 53 schemas), each once through one protocol's text
   format (Chat `response_format`, Responses `text.format`, Anthropic `output_config.format`),
   the protocol, streaming and thinking rotating over the corpus: every answer ended by itself
@@ -20,14 +25,16 @@ at a time (max_concurrency 2).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import openai
 import pytest
-from conftest import Server, start_server, stop_server
+from conftest import API_KEY, MODEL, Server, start_server, stop_server
 from protocol_client import PROTOCOLS, Answer, ask, body, post
 from schema_corpus import CORPUS, TOOLS
 
@@ -161,6 +168,108 @@ def test_strict_auto_and_undeclared_names(server: Server, protocol: str) -> None
         assert error["type"] == "invalid_request_error" and "no_such_tool" in error["message"]
     else:
         assert error["param"] == "tool_choice" and error["type"] == "invalid_request_error"
+
+
+CODE_RE = "[a-c][0-9]"  # fixed length: random weights end the input where the regex does
+CODE = {"name": "code", "description": "Send a code", "format": {"type": "grammar", "syntax": "regex"}}
+
+
+def _client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+
+
+def _chat_tools(regex: str = CODE_RE) -> list[dict[str, Any]]:
+    fmt = {"type": "grammar", "grammar": {"syntax": "regex", "definition": regex}}
+    custom = {"name": "code", "description": CODE["description"], "format": fmt}
+    return [*_tools("chat")[:2], {"type": "custom", "custom": custom}]  # get_weather, add, code
+
+
+def _responses_tools() -> list[dict[str, Any]]:
+    custom = {"type": "custom", **CODE, "format": {**CODE["format"], "definition": CODE_RE}}
+    return [*_tools("responses")[:2], custom]  # get_weather, add, code
+
+
+def _check_restricted(calls: list[tuple[str, Any]], allowed: set[str]) -> None:
+    """One call (parallel calls off), to an allowed tool: arguments valid, a custom input the regex."""
+    schemas = {t["name"]: t["parameters"] for t in TOOLS}
+    assert len(calls) == 1, calls
+    for name, payload in calls:
+        assert name in allowed, calls
+        if name == "code":
+            assert isinstance(payload, str) and re.fullmatch(CODE_RE, payload), calls
+        else:
+            jsonschema.validate(json.loads(payload), schemas[name], format_checker=CHECKER)
+
+
+def _chat_calls(client: openai.OpenAI, **extra: Any) -> list[tuple[str, Any]]:
+    """(name, arguments JSON or custom input) of each call of one Chat answer (its streamed shape:
+    `tests/unit/test_tool_choice_parse.py`)."""
+    kwargs: dict[str, Any] = {"model": MODEL, "max_tokens": 64, "parallel_tool_calls": False}
+    done = client.chat.completions.create(extra_body={"enable_thinking": False}, **kwargs, **extra)
+    assert done.choices[0].finish_reason == "tool_calls", done
+    return [
+        (c.custom.name, c.custom.input) if c.type == "custom" else (c.function.name, c.function.arguments)
+        for c in done.choices[0].message.tool_calls or []
+    ]
+
+
+def _responses_calls(client: openai.OpenAI, **extra: Any) -> list[tuple[str, Any]]:
+    """(name, arguments JSON or custom input) of each call of one streamed Response, checking the
+    streamed Items against the final Response."""
+    kwargs: dict[str, Any] = {"model": MODEL, "max_output_tokens": 64, "parallel_tool_calls": False}
+    kwargs.update(store=False, reasoning={"effort": "none"}, tools=_responses_tools(), stream=True, **extra)
+    items, final = [], None
+    for event in client.responses.create(**kwargs):
+        if event.type == "response.output_item.done":
+            items.append(event.item)
+        elif event.type == "response.completed":
+            final = event.response
+    assert final is not None and final.output == items, final
+    assert final.tool_choice.model_dump() == extra["tool_choice"] and final.tools[-1].type == "custom"
+    return [
+        (i.name, i.input) if i.type == "custom_tool_call" else (i.name, i.arguments)
+        for i in items
+        if i.type in ("custom_tool_call", "function_call")
+    ]
+
+
+def test_allowed_tools_and_custom_tools_through_the_sdk(server: Server) -> None:
+    client = _client(server)
+    messages = [{"role": "user", "content": "Use a tool."}]
+    chat_allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "add"}}, {"type": "custom", "custom": {"name": "code"}}]}}  # fmt: skip
+    chat_history = [
+        *messages,
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "custom", "custom": {"name": "code", "input": "a1"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sent"},
+        {"role": "user", "content": "Another one."},
+    ]  # fmt: skip
+    only_code = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "custom", "name": "code"}]}
+    responses_history = [
+        *messages,
+        {"type": "custom_tool_call", "call_id": "c1", "name": "code", "input": "a1"},
+        {"type": "custom_tool_call_output", "call_id": "c1", "output": "sent"},
+    ]
+    cases = [  # (allowed names, the answer's calls), two at a time
+        ({"add", "code"}, lambda: _chat_calls(client, messages=chat_history, tools=_chat_tools(), tool_choice=chat_allowed)),
+        ({"code"}, lambda: _responses_calls(client, input=responses_history, tool_choice=only_code)),
+    ]  # fmt: skip
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda case: case[1](), cases))
+    for (allowed, _), calls in zip(cases, results, strict=True):
+        _check_restricted(calls, allowed)
+    bad_allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+        {"type": "function", "function": {"name": "nope"}}]}}  # fmt: skip
+    for patch, param in (
+        (
+            {"tools": _chat_tools(), "tool_choice": bad_allowed},
+            "tool_choice.allowed_tools.tools[0].function.name",
+        ),
+        ({"tools": _chat_tools("[a-")}, "tools[2].custom.format.grammar.definition"),
+    ):
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, **patch)  # type: ignore[call-overload]
+        assert exc.value.body["param"] == param  # type: ignore[index]
 
 
 def _corpus_case(server: Server, index: int) -> tuple[str, Answer, bool]:

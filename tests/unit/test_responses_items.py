@@ -142,6 +142,12 @@ def test_replayed_output_items_are_accepted() -> None:
          "unsupported_value", "input[0].output"),
         ([{"type": "function_call_output", "output": "x"}], "missing_required_parameter", "input[0].call_id"),
         ([{"type": "function_call_output", "call_id": "c"}], "missing_required_parameter", "input[0].output"),
+        ([{"type": "custom_tool_call", "call_id": "c", "name": "p"}], "missing_required_parameter",
+         "input[0].input"),
+        ([{"type": "custom_tool_call", "call_id": "c", "name": "p", "input": "x", "arguments": "{}"}],
+         "unknown_parameter", "input[0].arguments"),
+        ([{"type": "custom_tool_call_output", "call_id": "c", "output": [{"type": "input_text", "text": "x"}]}],
+         "unsupported_value", "input[0].output"),
         ([{"type": "item_reference", "id": "msg_1"}], "unsupported_value", "input[0].type"),
         ([{"type": "web_search_call", "id": "ws"}], "unsupported_value", "input[0].type"),
         ([{"type": "bogus"}], "invalid_value", "input[0].type"),
@@ -225,3 +231,18 @@ def test_arguments_keep_their_exact_json_string() -> None:
     [item] = norm([call("c", args)])
     assert item["arguments"] == args
     assert to_messages([item])[0].tool_calls == [ToolCall("c", "f", json.loads(args))]
+
+
+def test_custom_tool_calls_and_outputs_round_trip() -> None:
+    raw = [
+        user("patch it"),
+        {"type": "custom_tool_call", "call_id": "c1", "name": "patch", "input": "*** Begin\n"},
+        {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"},
+    ]
+    items = norm(raw)
+    assert [i["id"][:4] for i in items[1:]] == ["ctc_", "ctco"]
+    for item in items:
+        ITEM.validate_python(item)
+    messages = to_messages(items)
+    assert messages[1].tool_calls == [ToolCall("c1", "patch", {"input": "*** Begin\n"}, custom=True)]
+    assert messages[2] == Message(role="tool", parts=[TextPart("done")], tool_call_id="c1")

@@ -58,7 +58,27 @@ def reject(
         ({"text": {"verbosity": "low"}}, "unsupported_value", "text.verbosity"),
         ({"tools": [{"type": "web_search"}]}, "unsupported_value", "tools[0].type"),
         ({"tools": [{"type": "mcp", "server_label": "x"}]}, "unsupported_value", "tools[0].type"),
-        ({"tools": [{"type": "custom", "name": "x"}]}, "unsupported_value", "tools[0].type"),
+        ({"tools": [{"type": "custom", "name": "x", "format": {"type": "grammar", "syntax": "ebnf",
+                                                               "definition": "x"}}]},
+         "invalid_value", "tools[0].format.syntax"),
+        ({"tools": [{"type": "custom", "name": "x", "format": {"type": "grammar", "syntax": "regex"}}]},
+         "missing_required_parameter", "tools[0].format.definition"),
+        ({"tools": [{"type": "custom", "name": "x", "format": {"type": "json"}}]}, "invalid_value",
+         "tools[0].format.type"),
+        ({"tools": [{"type": "custom", "name": "x", "parameters": {}}]}, "unknown_parameter",
+         "tools[0].parameters"),
+        ({"tools": [FN, {"type": "custom", "name": "get_weather"}]}, "invalid_value", "tools[1].name"),
+        ({"tools": [FN], "tool_choice": {"type": "custom", "name": "nope"}}, "invalid_value", "tool_choice"),
+        ({"tools": [FN], "tool_choice": {"type": "allowed_tools", "mode": "required",
+                                         "tools": [{"type": "function", "name": "nope"}]}},
+         "invalid_value", "tool_choice.tools[0].name"),
+        ({"tools": [FN], "tool_choice": {"type": "allowed_tools", "mode": "any", "tools": [FN]}},
+         "invalid_value", "tool_choice.mode"),
+        ({"tools": [FN], "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}},
+         "invalid_value", "tool_choice.tools"),
+        ({"tools": [FN], "tool_choice": {"type": "allowed_tools", "mode": "auto",
+                                         "tools": [{"type": "mcp", "server_label": "x"}]}},
+         "unsupported_value", "tool_choice.tools[0].type"),
         ({"tools": [{"type": "function", "function": {"name": "x"}}]}, "unknown_parameter", "tools[0].function"),
         ({"tools": [{"type": "function"}]}, "missing_required_parameter", "tools[0].name"),
         ({"tools": [FN, FN]}, "invalid_value", "tools[1].name"),
@@ -243,3 +263,28 @@ def test_tool_control_and_text_format() -> None:
         and r.text_format.kind == "json_object"
         and r.text_echo == {"type": "json_object"}
     )
+
+
+def test_allowed_tools_and_custom_tools() -> None:
+    patch = {
+        "type": "custom",
+        "name": "patch",
+        "description": "Apply a patch",
+        "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "x"+'},
+    }
+    allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "custom", "name": "patch"}]}
+    r = parse_create(
+        {**BASE, "tools": [FN, patch, {"type": "custom", "name": "note"}], "tool_choice": allowed}, False
+    )
+    assert [t.name for t in r.tools] == ["get_weather", "patch", "note"]  # the prompt declares all three
+    assert r.tools[1].custom and r.tools[1].grammar is not None and r.tools[1].grammar.syntax == "lark"
+    assert r.tool_control.mode == "required"
+    assert [t.name for t in r.tool_control.callable(r.tools)] == ["patch"]
+    assert r.tool_choice == allowed and r.tool_defs[1] == patch
+    assert r.tool_defs[2] == {
+        "type": "custom",
+        "name": "note",
+        "description": None,
+        "format": {"type": "text"},
+    }
+    assert r.tool_formats[1] == "tools[1].format.definition"

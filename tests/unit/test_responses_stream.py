@@ -104,6 +104,8 @@ def expected_items(segments: list[tuple[Any, ...]]) -> list[tuple[str, str]]:
 
 
 def item_text(item: dict[str, Any]) -> str:
+    if item["type"] == "custom_tool_call":
+        return item["input"]
     return item["arguments"] if item["type"] == "function_call" else item["content"][0]["text"]
 
 
@@ -277,6 +279,37 @@ def test_arguments_must_match_what_was_streamed() -> None:
     seq.feed(ToolCallArgumentsDelta(0, "{}"))
     with pytest.raises(ValueError):
         seq.feed(ToolCallEnd(0, ToolCall("call_0", "f", {"a": 1})))
+
+
+def test_custom_tool_calls_stream_their_input() -> None:
+    call = ToolCall("call_0", "patch", {"input": "*** Begin\n+x\n"}, custom=True)
+    events: list[Event] = [
+        TextDelta("Ok"),
+        ToolCallStart(0, call.id, call.name, custom=True),
+        ToolCallArgumentsDelta(0, call.input),
+        ToolCallEnd(0, call),
+        Finished("tool_calls", USAGE, "", "Ok", (call,)),
+    ]
+    _, out = run(events)
+    check_lifecycle(out)
+    for e in out:
+        EVENT.validate_python(e)
+    assert [e["type"] for e in out[-5:]] == [
+        "response.output_item.added",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert out[-3]["input"] == call.input and out[-4]["delta"] == call.input
+    final = Response.model_validate(out[-1]["response"])
+    item = final.output[1]
+    assert item.type == "custom_tool_call" and (item.call_id, item.name, item.input) == (
+        "call_0",
+        "patch",
+        call.input,
+    )
+    assert out[-1]["response"]["output"][1]["id"].startswith("ctc_")
 
 
 def _entry(tok: Any, token_id: int, position: int) -> dict[str, Any]:

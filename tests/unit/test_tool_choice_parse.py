@@ -17,6 +17,16 @@ from ninfer.api.messages import request as messages_request
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}
 CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [CHAT_TOOL]}
+CLOCK_TOOL = {"type": "function", "function": {"name": "get_time"}}
+PATCH_TOOL = {
+    "type": "custom",
+    "custom": {
+        "name": "patch",
+        "description": "Apply a patch",
+        "format": {"type": "grammar", "grammar": {"syntax": "regex", "definition": "[a-z]{1,4}"}},
+    },
+}
+NOTE_TOOL = {"type": "custom", "custom": {"name": "note"}}
 MSG_TOOL = {"name": "get_weather", "input_schema": SCHEMA}
 MESSAGES: dict[str, Any] = {
     "model": "m",
@@ -24,6 +34,12 @@ MESSAGES: dict[str, Any] = {
     "messages": [{"role": "user", "content": "hi"}],
     "tools": [MSG_TOOL],
 }
+
+
+def allowed_choice(names: list[str], mode: str = "required") -> dict[str, Any]:
+    """A Chat `allowed_tools` tool_choice over function tools `names`."""
+    tools = [{"type": "function", "function": {"name": n}} for n in names]
+    return {"tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": tools}}}
 
 
 def chat(**patch: Any) -> GenerationJob:
@@ -123,13 +139,120 @@ def test_text_formats_combine_with_tools() -> None:
     )
 
 
+def test_allowed_tools_restrict_the_calls_not_the_prompt() -> None:
+    tools = [CHAT_TOOL, CLOCK_TOOL, PATCH_TOOL]
+    job = chat(tools=tools, **allowed_choice(["get_time", "patch"]))
+    assert [t.name for t in job.conversation.tools] == ["get_weather", "get_time", "patch"]  # all declared
+    calls = _calls(_format(job))
+    assert calls["at_least_one"] and [t["begin"] for t in calls["tags"]] == [
+        "<tool_call>\n<function=get_time>\n",
+        "<tool_call>\n<function=patch>\n<parameter=input>\n",
+    ]
+    fmt = _format(chat(tools=tools, **allowed_choice(["get_time"], "auto")))
+    assert fmt["type"] == "triggered_tags" and [t["begin"] for t in fmt["tags"]] == [
+        "<tool_call>\n<function=get_time>\n"
+    ]
+    custom = {"type": "custom", "custom": {"name": "note"}}
+    mixed = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [custom]}}
+    assert [t["begin"] for t in _format(chat(tools=[CHAT_TOOL, NOTE_TOOL], tool_choice=mixed))["tags"]] == [
+        "<tool_call>\n<function=note>\n<parameter=input>\n"
+    ]
+    # every declared tool allowed under auto: nothing to enforce
+    assert (
+        chat(tools=[CHAT_TOOL, CLOCK_TOOL], **allowed_choice(["get_time", "get_weather"], "auto")).constraint
+        is None
+    )
+
+
+def test_custom_tools_take_free_form_input() -> None:
+    job = chat(tools=[CHAT_TOOL, PATCH_TOOL, NOTE_TOOL])
+    patch, note = job.conversation.tools[1:]
+    assert patch.custom and patch.grammar is not None and patch.grammar.definition == "[a-z]{1,4}"
+    assert patch.parameters is not None and patch.parameters["required"] == ["input"]
+    assert "[a-z]{1,4}" in patch.parameters["properties"]["input"]["description"]  # the model sees it
+    assert note.custom and note.grammar is None
+    fmt = _format(job)  # auto: the grammar enforces the regex of a patch call
+    assert fmt["type"] == "triggered_tags"
+    assert fmt["tags"][1]["content"] == {"type": "regex", "pattern": "[a-z]{1,4}"}
+    assert fmt["tags"][2]["content"]["type"] == "any_text"
+    assert [p.param for p in job.constraint_parts] == ["tools[1].custom.format.grammar.definition"]
+    assert chat(tools=[CHAT_TOOL, NOTE_TOOL]).constraint is None  # free text: nothing to enforce
+    named = chat(tools=[CHAT_TOOL, PATCH_TOOL], tool_choice={"type": "custom", "custom": {"name": "patch"}})
+    assert [t["begin"] for t in _calls(_format(named))["tags"]] == [
+        "<tool_call>\n<function=patch>\n<parameter=input>\n"
+    ]
+    history = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "c1", "type": "custom", "custom": {"name": "note", "input": "x y"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    call = chat(tools=[NOTE_TOOL], messages=history).conversation.messages[1].tool_calls[0]
+    assert call.custom and call.arguments == {"input": "x y"} and call.input == "x y"
+
+
 @pytest.mark.parametrize(
     ("patch", "param"),
     [
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
         ({"tool_choice": "required", "tools": []}, "tool_choice"),
         ({"tool_choice": "sometimes"}, "tool_choice"),
-        ({"tool_choice": {"type": "custom", "custom": {"name": "x"}}}, "tool_choice.type"),
+        ({"tool_choice": {"type": "custom", "custom": {"name": "x"}}}, "tool_choice"),
+        ({"tool_choice": {"type": "mcp"}}, "tool_choice.type"),
+        (allowed_choice(["get_weather", "nope"]), "tool_choice.allowed_tools.tools[1].function.name"),
+        (allowed_choice([]), "tool_choice.allowed_tools.tools"),
+        (allowed_choice(["get_weather"], "sometimes"), "tool_choice.allowed_tools.mode"),
+        (
+            {"tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "auto"}}},
+            "tool_choice.allowed_tools.tools",
+        ),
+        (
+            {
+                "tool_choice": {
+                    "type": "allowed_tools",
+                    "allowed_tools": {"mode": "auto", "tools": [{"type": "mcp"}]},
+                }
+            },
+            "tool_choice.allowed_tools.tools[0].type",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "custom",
+                        "custom": {
+                            "name": "c",
+                            "format": {"type": "grammar", "grammar": {"syntax": "ebnf", "definition": "x"}},
+                        },
+                    }
+                ]
+            },
+            "tools[0].custom.format.grammar.syntax",
+        ),
+        (
+            {"tools": [{"type": "custom", "custom": {"name": "c", "format": {"type": "grammar"}}}]},
+            "tools[0].custom.format.grammar",
+        ),
+        (
+            {"tools": [{"type": "custom", "custom": {"name": "c", "format": {"type": "json"}}}]},
+            "tools[0].custom.format.type",
+        ),
+        ({"tools": [{"type": "custom", "custom": {"name": "c", "strict": True}}]}, "tools[0].custom.strict"),
+        ({"tools": [{"type": "custom", "custom": {}}]}, "tools[0].custom.name"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"id": "c", "type": "custom", "custom": {"name": "c"}}],
+                    }
+                ]
+            },
+            "messages[0].tool_calls[0].custom.input",
+        ),
         ({"tool_choice": {"type": "function"}}, "tool_choice.function"),
         ({"tool_choice": {"type": "function", "function": {}}}, "tool_choice.function.name"),
         ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
@@ -195,6 +318,60 @@ def test_an_engine_that_cannot_constrain_drops_only_a_compat_auto_constraint() -
     with pytest.raises(ApiError) as exc:  # the strict contract refuses instead
         pipeline._check_constraint(messages(tools=strict))
     assert exc.value.status == 400 and exc.value.param == "tools"
+    compat = ApiContext(client_compat=True)
+    custom = chat_request.parse({**CHAT, "tools": [CHAT_TOOL, PATCH_TOOL]}, compat).job
+    assert custom.constraint is not None and "custom tool input grammars" in (
+        custom.constraint_fallback or ""
+    )
+    restricted = {**CHAT, "tools": [CHAT_TOOL, CLOCK_TOOL], **allowed_choice(["get_time"], "auto")}
+    job = chat_request.parse(restricted, compat).job
+    assert job.constraint is not None and job.constraint_fallback is None  # a restriction is never dropped
     with pytest.raises(ApiError):  # forced calls are never dropped, compat or not
         forced = {**MESSAGES, "tool_choice": {"type": "any"}}
         pipeline._check_constraint(messages_request.parse(forced, ApiContext(client_compat=True)).job)
+
+
+def test_chat_shapes_custom_calls_whole_and_streamed() -> None:
+    from openai.types.chat import ChatCompletion
+
+    from ninfer.api.chat.routes import ChunkStream, _frames, completion_body
+    from ninfer.api.events import Finished, ToolCallArgumentsDelta, ToolCallEnd, ToolCallStart, Usage
+    from ninfer.frontend.conversation import ToolCall
+
+    custom = ToolCall("call_1", "patch", {"input": "ab"}, custom=True)
+    function = ToolCall("call_2", "get_weather", {"city": "Nice"})
+    done = Finished("tool_calls", Usage(5, 3, 0, 0), "", "", (custom, function))
+    body = ChatCompletion.model_validate(completion_body("c", 0, "m", done))
+    first, second = body.choices[0].message.tool_calls or []
+    assert first.type == "custom" and (first.id, first.custom.name, first.custom.input) == (
+        "call_1",
+        "patch",
+        "ab",
+    )
+    assert second.type == "function" and json.loads(second.function.arguments) == {"city": "Nice"}
+
+    class Gen:  # the generation's events, as the pipeline yields them
+        def events(self) -> list[Any]:
+            return [
+                ToolCallStart(0, "call_1", "patch", custom=True),
+                ToolCallArgumentsDelta(0, "ab"),
+                ToolCallEnd(0, custom),
+                ToolCallStart(1, "call_2", "get_weather"),
+                ToolCallArgumentsDelta(1, '{"city": "Nice"}'),
+                ToolCallEnd(1, function),
+                done,
+            ]
+
+    frames = [json.loads(f.decode()[6:]) for f in _frames(Gen(), ChunkStream("c", 0, "m", False))]  # type: ignore[arg-type]
+    deltas = [d for f in frames for d in f["choices"][0]["delta"].get("tool_calls", [])]
+    assert deltas == [
+        {"index": 0, "id": "call_1", "type": "custom", "custom": {"name": "patch", "input": ""}},
+        {"index": 0, "custom": {"input": "ab"}},
+        {
+            "index": 1,
+            "id": "call_2",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": ""},
+        },
+        {"index": 1, "function": {"arguments": '{"city": "Nice"}'}},
+    ]

@@ -12,10 +12,10 @@ import pytest
 import xgrammar as xgr
 
 from ninfer.api.errors import ApiError
-from ninfer.api.tool_control import ToolControl, answer_constraint
+from ninfer.api.tool_control import Allowed, ToolControl, answer_constraint
 from ninfer.engine.api import ConstraintSpec
 from ninfer.frontend import tool_grammar
-from ninfer.frontend.conversation import Tool
+from ninfer.frontend.conversation import InputGrammar, Tool, custom_tool
 from ninfer.frontend.parser import parse_text
 from ninfer.frontend.render import render_template
 from ninfer.frontend.toolcall import type_value
@@ -95,6 +95,35 @@ def test_the_templates_calls_are_accepted_and_parse_back(template: str) -> None:
     assert _accepts(_forced("named", name="get_weather"), one)
 
 
+LARK = """
+start: "*** Begin\\n" line+ "*** End"
+line: /[+-]/ /[a-z ]+/ "\\n"
+"""
+PATCH = custom_tool("patch", "Apply a patch", InputGrammar("lark", LARK))
+CODE = custom_tool("code", None, InputGrammar("regex", "[A-Z]{3}-[0-9]{2}"))
+NOTE = custom_tool("note", None, None)
+
+
+@pytest.mark.parametrize("template", ["qwen3_5", "qwen3_6"])
+def test_custom_calls_render_as_one_input_parameter_and_follow_their_grammar(template: str) -> None:
+    tools = [WEATHER, PATCH, CODE, NOTE]
+    patch = "*** Begin\n+ added line\n- gone\n*** End"
+    calls = [("patch", {"input": patch}), ("code", {"input": "ABC-12"}), ("note", {"input": "two\nlines"})]
+    text = _rendered_calls(template, calls)
+    required = tool_grammar.answer_format(tools, "required")
+    assert _accepts(required, text), text
+    parsed = parse_text(text, thinking=False, tools=tools)
+    assert [(c.name, c.input, c.custom) for c in parsed.tool_calls] == [
+        (n, a["input"], True) for n, a in calls
+    ]
+    for name, bad in (("patch", "*** Begin\n* x\n*** End"), ("code", "abc-12"), ("note", "a</parameter>b")):
+        wrong = _rendered_calls(template, [(name, {"input": bad})])
+        assert not _accepts(required, wrong), wrong
+        assert not _accepts(tool_grammar.answer_format(tools, "auto"), "Sure. " + wrong), wrong
+    # allowed tools: the grammar of only some declared tools refuses calls to the others
+    assert not _accepts(tool_grammar.answer_format([CODE], "required"), text)
+
+
 def test_forced_calls_refuse_what_the_schema_or_choice_forbids() -> None:
     good = _rendered_calls("qwen3_6", CALLS[:1])
     assert not _accepts(_forced(), "hello")  # no call at all
@@ -162,6 +191,10 @@ def test_forced_choice_errors_name_tool_choice() -> None:
     assert exc.value.param == "tool_choice"
     ToolControl(mode="named", name="free").check(TOOLS)
     ToolControl(mode="auto").check([])
+    allowed = ToolControl(mode="required", allowed=(Allowed("free", "p[0]"), Allowed("nope", "p[1]")))
+    with pytest.raises(ApiError) as exc:
+        allowed.check(TOOLS)
+    assert exc.value.status == 400 and exc.value.param == "p[1]" and "nope" in exc.value.message
 
 
 def test_string_values_lose_a_grammar_whitespace_only_when_their_schema_needs_it() -> None:

@@ -13,9 +13,20 @@ from ninfer.api.context import ApiContext
 from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.events import GenerationJob
 from ninfer.api.parse_guard import guarded
-from ninfer.api.tool_control import ToolControl, answer_constraint, fallback
+from ninfer.api.tool_control import Allowed, ToolControl, answer_constraint, fallback, input_formats
 from ninfer.engine.api import ConstraintSpec, SamplingParams
-from ninfer.frontend.conversation import Conversation, ImagePart, Message, TextPart, Tool, ToolCall, VideoPart
+from ninfer.frontend.conversation import (
+    CUSTOM_INPUT,
+    Conversation,
+    ImagePart,
+    InputGrammar,
+    Message,
+    TextPart,
+    Tool,
+    ToolCall,
+    VideoPart,
+    custom_tool,
+)
 from ninfer.frontend.options import RequestOptions
 
 KNOWN = {
@@ -82,8 +93,15 @@ def _parts(content: Any, param: str, ctx: ApiContext, allow_media: bool) -> list
 def _tool_calls(raw: list[Any], param: str) -> list[ToolCall]:
     calls = []
     for p, call in f.objects(raw, param):
-        if call.get("type", "function") != "function":
-            raise invalid(f"{p}.type", "only function tool calls are supported", "invalid_value")
+        kind = call.get("type", "function")
+        if kind == "custom":
+            custom = f.as_dict(call.get("custom"), f"{p}.custom")
+            name = f.req_str(custom, "name", f"{p}.custom.name")
+            text = f.req_str(custom, "input", f"{p}.custom.input", nonempty=False)
+            calls.append(ToolCall(f.req_str(call, "id", f"{p}.id"), name, {CUSTOM_INPUT: text}, custom=True))
+            continue
+        if kind != "function":
+            raise invalid(f"{p}.type", "tool calls must be 'function' or 'custom' calls", "invalid_value")
         fn = f.as_dict(call.get("function"), f"{p}.function")
         text = f.req_str(fn, "arguments", f"{p}.function.arguments", nonempty=False)
         try:
@@ -125,17 +143,58 @@ def _message(msg: dict[str, Any], p: str, ctx: ApiContext) -> Message:
     raise invalid(f"{p}.role", f"unsupported role {role!r}", "invalid_value")
 
 
-def _tools(body: dict[str, Any]) -> list[Tool]:
-    tools = []
+def input_grammar(fmt: dict[str, Any] | None, param: str, nested: bool = True) -> InputGrammar | None:
+    """A custom tool's `format` -> its input grammar (None: free text); `param`: the format field.
+
+    Chat nests the grammar ({"type": "grammar", "grammar": {"syntax", "definition"}}), Responses
+    does not ({"type": "grammar", "syntax", "definition"}: `nested` False); {"type": "text"} is
+    free text. Syntaxes: "lark" and "regex" (both compiled by xgrammar), anything else a 400."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    if kind == "text":
+        f.reject_unknown(fmt, ("type",), f"{param}.")
+        return None
+    if kind != "grammar":
+        raise invalid(f"{param}.type", "a custom tool format must be 'text' or 'grammar'", "invalid_value")
+    if nested:
+        f.reject_unknown(fmt, ("type", "grammar"), f"{param}.")
+        param = f"{param}.grammar"
+        fmt = f.as_dict(fmt.get("grammar"), param)
+        f.reject_unknown(fmt, ("syntax", "definition"), f"{param}.")
+    else:
+        f.reject_unknown(fmt, ("type", "syntax", "definition"), f"{param}.")
+    syntax = f.req_str(fmt, "syntax", f"{param}.syntax")
+    if syntax not in ("lark", "regex"):
+        raise invalid(
+            f"{param}.syntax", f"grammar syntax {syntax!r} is not one of 'lark', 'regex'", "invalid_value"
+        )
+    definition = f.req_str(fmt, "definition", f"{param}.definition")
+    return InputGrammar("lark" if syntax == "lark" else "regex", definition)
+
+
+def _tools(body: dict[str, Any]) -> tuple[list[Tool], list[str]]:
+    """The declared tools and, for each, where its input format is (custom tools)."""
+    tools, formats = [], []
     for p, tool in f.objects(f.opt_list(body, "tools") or [], "tools"):
-        if tool.get("type") != "function":
-            raise unsupported(f"{p}.type", "only function tools are supported")
+        kind = tool.get("type")
+        if kind == "custom":
+            spec = f.as_dict(tool.get("custom"), f"{p}.custom")
+            f.reject_unknown(spec, ("name", "description", "format"), f"{p}.custom.")
+            grammar = input_grammar(f.opt_dict(spec, "format", f"{p}.custom.format"), f"{p}.custom.format")
+            desc = f.opt_str(spec, "description", f"{p}.custom.description")
+            tools.append(custom_tool(f.req_str(spec, "name", f"{p}.custom.name"), desc, grammar))
+            formats.append(f"{p}.custom.format.grammar.definition")
+            continue
+        if kind != "function":
+            raise unsupported(f"{p}.type", "only function and custom tools are supported")
         fn = f.as_dict(tool.get("function"), f"{p}.function")
         strict = bool(f.opt_bool(fn, "strict", f"{p}.function.strict"))
         params = f.opt_dict(fn, "parameters", f"{p}.function.parameters")
         desc = f.opt_str(fn, "description", f"{p}.function.description")
         tools.append(Tool(f.req_str(fn, "name", f"{p}.function.name"), desc, params, strict))
-    return tools
+        formats.append(f"{p}.function")
+    return tools, formats
 
 
 def _unknown_fields(body: dict[str, Any], compat: Compat) -> None:
@@ -149,9 +208,32 @@ def _unknown_fields(body: dict[str, Any], compat: Compat) -> None:
             compat.ignore(key, unknown_parameter(key))
 
 
+def _allowed_tools(choice: dict[str, Any], parallel: bool) -> ToolControl:
+    """{"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools":
+    [{"type": "function", "function": {"name"}} | {"type": "custom", "custom": {"name"}}]}}."""
+    spec = f.as_dict(choice.get("allowed_tools"), "tool_choice.allowed_tools")
+    f.reject_unknown(spec, ("mode", "tools"), "tool_choice.allowed_tools.")
+    mode = f.req_str(spec, "mode", "tool_choice.allowed_tools.mode")
+    if mode not in ("auto", "required"):
+        raise invalid("tool_choice.allowed_tools.mode", "mode must be 'auto' or 'required'", "invalid_value")
+    allowed = []
+    for p, tool in f.objects(
+        f.req_list(spec, "tools", "tool_choice.allowed_tools.tools"), "tool_choice.allowed_tools.tools"
+    ):
+        kind = tool.get("type")
+        if kind not in ("function", "custom"):
+            raise invalid(f"{p}.type", "allowed tools must be 'function' or 'custom' tools", "invalid_value")
+        inner = f.as_dict(tool.get(kind), f"{p}.{kind}")
+        allowed.append(Allowed(f.req_str(inner, "name", f"{p}.{kind}.name"), f"{p}.{kind}.name"))
+    return ToolControl(
+        mode="required" if mode == "required" else "auto", parallel=parallel, allowed=tuple(allowed)
+    )
+
+
 def _tool_control(body: dict[str, Any]) -> ToolControl:
-    """`tool_choice` ("auto", "none", "required", {"type": "function", "function": {"name"}})
-    and `parallel_tool_calls`."""
+    """`tool_choice` ("auto", "none", "required", {"type": "function", "function": {"name"}},
+    {"type": "custom", "custom": {"name"}}, {"type": "allowed_tools", ...}) and
+    `parallel_tool_calls`."""
     parallel = f.opt_bool(body, "parallel_tool_calls") is not False
     choice = body.get("tool_choice")
     if choice is None or choice in ("auto", "none", "required"):
@@ -162,11 +244,14 @@ def _tool_control(body: dict[str, Any]) -> ToolControl:
             "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
             "invalid_value",
         )
-    if choice.get("type") != "function":
-        raise unsupported("tool_choice.type", f"tool_choice type {choice.get('type')!r} is not supported")
-    fn = f.as_dict(choice.get("function"), "tool_choice.function")
+    kind = choice.get("type")
+    if kind == "allowed_tools":
+        return _allowed_tools(choice, parallel)
+    if kind not in ("function", "custom"):
+        raise unsupported("tool_choice.type", f"tool_choice type {kind!r} is not supported")
+    named = f.as_dict(choice.get(kind), f"tool_choice.{kind}")
     return ToolControl(
-        mode="named", name=f.req_str(fn, "name", "tool_choice.function.name"), parallel=parallel
+        mode="named", name=f.req_str(named, "name", f"tool_choice.{kind}.name"), parallel=parallel
     )
 
 
@@ -246,12 +331,14 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
     include_usage = bool(f.opt_bool(options or {}, "include_usage", "stream_options.include_usage"))
     _check_unsupported(body)
     control = _tool_control(body)
-    tools = control.offered(_tools(body))
+    declared, formats = _tools(body)
+    tools = control.offered(declared)
     control.check(tools)
     text = response_format(f.opt_dict(body, "response_format"), "response_format")
+    parts = input_formats(tools, formats) if tools else ()
     job = GenerationJob(
         constraint=answer_constraint(tools, control, text),
-        constraint_parts=(text,) if text is not None else (),
+        constraint_parts=(*parts, text) if text is not None else parts,
         constraint_fallback=fallback(control, text, compat.enabled),
         protocol="chat_completions",
         conversation=Conversation(messages=messages, tools=tools),

@@ -17,6 +17,7 @@ from ninfer.api.events import (
     LogprobsDelta,
     ReasoningDelta,
     TextDelta,
+    ToolCall,
     ToolCallArgumentsDelta,
     ToolCallStart,
     Usage,
@@ -36,19 +37,22 @@ def usage_body(usage: Usage) -> dict[str, Any]:
     }
 
 
+def _tool_call(call: ToolCall) -> dict[str, Any]:
+    if call.custom:
+        return {"id": call.id, "type": "custom", "custom": {"name": call.name, "input": call.input}}
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": arguments_json(call.arguments)},
+    }
+
+
 def completion_body(rid: str, created: int, model: str, done: Finished) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": done.content or None}
     if done.reasoning:
         message["reasoning_content"] = done.reasoning
     if done.tool_calls:
-        message["tool_calls"] = [
-            {
-                "id": c.id,
-                "type": "function",
-                "function": {"name": c.name, "arguments": arguments_json(c.arguments)},
-            }
-            for c in done.tool_calls
-        ]
+        message["tool_calls"] = [_tool_call(c) for c in done.tool_calls]
     logprobs = None if done.logprobs is None else {"content": list(done.logprobs), "refusal": None}
     return {
         "id": rid,
@@ -89,6 +93,7 @@ def stream_chunks(gen: Generation, chunks: ChunkStream) -> Iterator[bytes]:
 
 def _frames(gen: Generation, chunks: ChunkStream) -> Iterator[bytes]:
     yield chunks.chunk({"role": "assistant", "content": ""})
+    custom: dict[int, bool] = {}  # whether each tool call is a custom tool's
     for event in gen.events():
         if isinstance(event, LogprobsDelta):
             yield chunks.chunk({}, logprobs={"content": list(event.entries), "refusal": None})
@@ -97,13 +102,14 @@ def _frames(gen: Generation, chunks: ChunkStream) -> Iterator[bytes]:
         elif isinstance(event, ReasoningDelta):
             yield chunks.chunk({"reasoning_content": event.text})
         elif isinstance(event, ToolCallStart):
-            call = {"index": event.index, "id": event.id, "type": "function"}
-            call["function"] = {"name": event.name, "arguments": ""}
+            # a custom call streams like a function call: the name first, then its input
+            kind, key = ("custom", "input") if event.custom else ("function", "arguments")
+            custom[event.index] = event.custom
+            call = {"index": event.index, "id": event.id, "type": kind, kind: {"name": event.name, key: ""}}
             yield chunks.chunk({"tool_calls": [call]})
         elif isinstance(event, ToolCallArgumentsDelta):
-            yield chunks.chunk(
-                {"tool_calls": [{"index": event.index, "function": {"arguments": event.json_fragment}}]}
-            )
+            kind, key = ("custom", "input") if custom.get(event.index) else ("function", "arguments")
+            yield chunks.chunk({"tool_calls": [{"index": event.index, kind: {key: event.json_fragment}}]})
         elif isinstance(event, Finished):
             yield chunks.chunk({}, event.finish)
             if chunks.include_usage:

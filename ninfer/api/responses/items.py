@@ -16,20 +16,21 @@ from ninfer.api import fields as f
 from ninfer.api import json_body
 from ninfer.api.compat import Compat
 from ninfer.api.errors import ApiError, invalid, unknown_parameter
-from ninfer.frontend.conversation import ImagePart, Message, Part, TextPart, ToolCall, VideoPart
+from ninfer.frontend.conversation import CUSTOM_INPUT, ImagePart, Message, Part, TextPart, ToolCall, VideoPart
 
 ID_PREFIX = {
     "message": "msg",
     "reasoning": "rs",
     "function_call": "fc",
     "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctco",
 }
 UNSUPPORTED_ITEMS = (
     "item_reference", "file_search_call", "computer_call", "computer_call_output", "web_search_call",
     "image_generation_call", "code_interpreter_call", "local_shell_call", "local_shell_call_output",
     "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output", "mcp_list_tools",
-    "mcp_approval_request", "mcp_approval_response", "mcp_call", "custom_tool_call",
-    "custom_tool_call_output", "compaction", "tool_search_call", "tool_search_output", "additional_tools",
+    "mcp_approval_request", "mcp_approval_response", "mcp_call", "compaction", "tool_search_call", "tool_search_output", "additional_tools",
 )  # fmt: skip
 UNSUPPORTED_PARTS = ("input_file", "input_audio", "refusal")
 STATUSES = (None, "in_progress", "completed", "incomplete")
@@ -173,14 +174,32 @@ def _function_call(item: dict[str, Any], param: str) -> dict[str, Any]:
     }
 
 
+def _custom_call(item: dict[str, Any], param: str) -> dict[str, Any]:
+    _only(
+        item, ("type", "id", "call_id", "name", "input", "status"), param, null_only=("namespace", "caller")
+    )
+    _status(item, param)
+    return {
+        "type": "custom_tool_call",
+        "call_id": f.req_str(item, "call_id", f"{param}.call_id"),
+        "name": f.req_str(item, "name", f"{param}.name"),
+        "input": f.req_str(item, "input", f"{param}.input", nonempty=False),
+        "status": "completed",
+    }
+
+
 def _function_output(item: dict[str, Any], param: str) -> dict[str, Any]:
-    _only(item, ("type", "id", "call_id", "output", "status"), param, null_only=("name", "namespace"))
+    """A function_call_output or custom_tool_call_output Item (a string output)."""
+    kind = item["type"]
+    _only(
+        item, ("type", "id", "call_id", "output", "status"), param, null_only=("name", "namespace", "caller")
+    )
     _status(item, param)
     output = item.get("output")
     if isinstance(output, list):
-        raise unsupported_value(f"{param}.output", "function_call_output output must be a string")
+        raise unsupported_value(f"{param}.output", f"{kind} output must be a string")
     return {
-        "type": "function_call_output",
+        "type": kind,
         "call_id": f.req_str(item, "call_id", f"{param}.call_id"),
         "output": f.req_str(item, "output", f"{param}.output", nonempty=False),
         "status": "completed",
@@ -211,7 +230,9 @@ def normalize_input(
             norm = _reasoning(item, param, compat)
         elif kind == "function_call":
             norm = _function_call(item, param)
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            norm = _custom_call(item, param)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             norm = _function_output(item, param)
         elif kind in UNSUPPORTED_ITEMS:
             raise unsupported_value(f"{param}.type", f"{kind} Items are not supported by this server")
@@ -248,7 +269,7 @@ def _parts(content: Sequence[dict[str, Any]]) -> list[Part]:
 
 class _Builder:
     """Folds Items into messages: reasoning waits for the next assistant message or call; a
-    message and the function calls right after it form one assistant turn."""
+    message and the function / custom tool calls right after it form one assistant turn."""
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
@@ -273,15 +294,18 @@ class _Builder:
         if kind == "reasoning":
             self.close()
             self.reasoning = "".join(p["text"] for p in item.get("content") or [])
-        elif kind == "function_call":
-            call = ToolCall(item["call_id"], item["name"], json.loads(item["arguments"]))
+        elif kind in ("function_call", "custom_tool_call"):
+            if kind == "custom_tool_call":
+                call = ToolCall(item["call_id"], item["name"], {CUSTOM_INPUT: item["input"]}, custom=True)
+            else:
+                call = ToolCall(item["call_id"], item["name"], json.loads(item["arguments"]))
             turn = self.turn if self.turn is not None and self.reasoning is None else self.open_turn([])
             turn.tool_calls.append(call)
         elif kind == "message" and item["role"] == "assistant":
             self.open_turn(_parts(item["content"]))
         else:
             self.close()
-            if kind == "function_call_output":
+            if kind in ("function_call_output", "custom_tool_call_output"):
                 self.messages.append(
                     Message(role="tool", parts=[TextPart(item["output"])], tool_call_id=item["call_id"])
                 )

@@ -11,15 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.api import fields as f
-from ninfer.api.chat.request import schema_constraint
+from ninfer.api.chat.request import input_grammar, schema_constraint
 from ninfer.api.compat import Compat
 from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.parse_guard import guarded
 from ninfer.api.responses.items import normalize_input, unsupported_value
 from ninfer.api.responses.logprobs import TOP_LOGPROBS_MAX
-from ninfer.api.tool_control import ToolControl
+from ninfer.api.tool_control import Allowed, ToolControl
 from ninfer.engine.api import ConstraintSpec
-from ninfer.frontend.conversation import Tool
+from ninfer.frontend.conversation import Tool, custom_tool
 
 KNOWN = (
     "model", "input", "instructions", "previous_response_id", "max_output_tokens", "stream", "store",
@@ -64,6 +64,7 @@ class CreateRequest:
     preserve_thinking: bool | None = None  # explicit value from either spelling, else None
     tools: list[Tool] = field(default_factory=list)
     tool_defs: list[dict[str, Any]] = field(default_factory=list)  # normalized echo for the Response
+    tool_formats: list[str] = field(default_factory=list)  # each tool's input-format field (custom)
     tool_choice: str | dict[str, Any] = "auto"  # echoed in the Response
     tool_control: ToolControl = field(default_factory=ToolControl)
     text_format: ConstraintSpec | None = None  # text.format json_object / json_schema
@@ -89,51 +90,97 @@ def _metadata(body: dict[str, Any]) -> dict[str, str]:
     return dict(meta)
 
 
-def _tools(body: dict[str, Any], compat: Compat) -> tuple[list[Tool], list[dict[str, Any]]]:
-    tools: list[Tool] = []
-    defs: list[dict[str, Any]] = []
+@dataclass
+class Tools:
+    """The declared tools, their echo for the Response, and each one's input-format field."""
+
+    tools: list[Tool] = field(default_factory=list)
+    defs: list[dict[str, Any]] = field(default_factory=list)
+    formats: list[str] = field(default_factory=list)
+
+
+def _tools(body: dict[str, Any], compat: Compat) -> Tools:
+    out = Tools()
     for p, tool in f.objects(f.opt_list(body, "tools") or [], "tools"):
         kind = tool.get("type")
-        if kind != "function":
-            error = unsupported_value(f"{p}.type", f"only flat function tools are supported, not {kind!r}")
+        if kind not in ("function", "custom"):
+            error = unsupported_value(
+                f"{p}.type", f"only flat function and custom tools are supported, not {kind!r}"
+            )
             name = tool.get("name") or tool.get("server_label")
             compat.drop_tool(p, error, f"{kind!r} tool {name!r} left out of the prompt")
             continue
+        keys = ("parameters", "strict") if kind == "function" else ("format",)
         for key, value in tool.items():
-            if key not in ("type", "name", "description", "parameters", "strict") and value is not None:
+            if key not in ("type", "name", "description", *keys) and value is not None:
                 raise unknown_parameter(f"{p}.{key}")
-        strict = bool(f.opt_bool(tool, "strict", f"{p}.strict"))
         name = f.req_str(tool, "name", f"{p}.name")
-        if any(t.name == name for t in tools):
-            raise invalid(f"{p}.name", f"duplicate function name {name!r}", "invalid_value")
+        if any(t.name == name for t in out.tools):
+            raise invalid(f"{p}.name", f"duplicate tool name {name!r}", "invalid_value")
         desc = f.opt_str(tool, "description", f"{p}.description")
+        if kind == "custom":
+            fmt = f.opt_dict(tool, "format", f"{p}.format")
+            out.tools.append(custom_tool(name, desc, input_grammar(fmt, f"{p}.format", nested=False)))
+            out.defs.append(
+                {"type": "custom", "name": name, "description": desc, "format": fmt or {"type": "text"}}
+            )
+            out.formats.append(f"{p}.format.definition")
+            continue
+        strict = bool(f.opt_bool(tool, "strict", f"{p}.strict"))
         params = f.opt_dict(tool, "parameters", f"{p}.parameters")
-        tools.append(Tool(name, desc, params, strict))
-        defs.append(
+        out.tools.append(Tool(name, desc, params, strict))
+        out.defs.append(
             {"type": "function", "name": name, "description": desc, "parameters": params, "strict": strict}
         )
-    return tools, defs
+        out.formats.append(p)
+    return out
+
+
+def _allowed_tools(choice: dict[str, Any], parallel: bool) -> tuple[ToolControl, dict[str, Any]]:
+    """{"type": "allowed_tools", "mode": "auto" | "required", "tools": [{"type": "function" |
+    "custom", "name"}]} -> the control and its echo."""
+    f.reject_unknown(choice, ("type", "mode", "tools"), "tool_choice.")
+    mode = f.req_str(choice, "mode", "tool_choice.mode")
+    if mode not in ("auto", "required"):
+        raise invalid("tool_choice.mode", "mode must be 'auto' or 'required'", "invalid_value")
+    allowed = []
+    for p, tool in f.objects(f.req_list(choice, "tools", "tool_choice.tools"), "tool_choice.tools"):
+        kind = tool.get("type")
+        if kind not in ("function", "custom"):
+            raise unsupported_value(
+                f"{p}.type", f"only function and custom tools can be allowed, not {kind!r}"
+            )
+        f.reject_unknown(tool, ("type", "name"), f"{p}.")
+        allowed.append(Allowed(f.req_str(tool, "name", f"{p}.name"), f"{p}.name"))
+    control = ToolControl(
+        mode="required" if mode == "required" else "auto", parallel=parallel, allowed=tuple(allowed)
+    )
+    echo = {"type": "allowed_tools", "mode": mode, "tools": [dict(t) for t in choice["tools"]]}
+    return control, echo
 
 
 def _tool_choice(body: dict[str, Any], tools: list[Tool]) -> tuple[ToolControl, str | dict[str, Any]]:
-    """`tool_choice` ("auto", "none", "required", {"type": "function", "name"}) and
-    `parallel_tool_calls` -> the control and the Response's echo of the choice."""
+    """`tool_choice` ("auto", "none", "required", {"type": "function" | "custom", "name"},
+    {"type": "allowed_tools", ...}) and `parallel_tool_calls` -> the control and the Response's
+    echo of the choice."""
     parallel = f.opt_bool(body, "parallel_tool_calls") is not False
     choice = body.get("tool_choice")
     if choice is None or choice in ("auto", "none", "required"):
         control = ToolControl(mode=choice or "auto", parallel=parallel)
         echo: str | dict[str, Any] = choice or "auto"
     elif isinstance(choice, dict):
-        if choice.get("type") != "function":
-            raise unsupported_value(
-                "tool_choice", f"tool_choice type {choice.get('type')!r} is not supported"
+        kind = choice.get("type")
+        if kind == "allowed_tools":
+            control, echo = _allowed_tools(choice, parallel)
+        elif kind in ("function", "custom"):
+            f.reject_unknown(choice, ("type", "name"), "tool_choice.")
+            name = f.req_str(choice, "name", "tool_choice.name")
+            control, echo = (
+                ToolControl(mode="named", name=name, parallel=parallel),
+                {"type": kind, "name": name},
             )
-        f.reject_unknown(choice, ("type", "name"), "tool_choice.")
-        name = f.req_str(choice, "name", "tool_choice.name")
-        control, echo = (
-            ToolControl(mode="named", name=name, parallel=parallel),
-            {"type": "function", "name": name},
-        )
+        else:
+            raise unsupported_value("tool_choice", f"tool_choice type {kind!r} is not supported")
     else:
         raise invalid(
             "tool_choice", "tool_choice must be 'auto', 'none', 'required' or a function", "invalid_value"
@@ -266,8 +313,8 @@ def parse_create(body: dict[str, Any], vision: bool, compat: Compat | None = Non
     stream = bool(f.opt_bool(body, "stream"))
     _check_unsupported(body, stream)
     top_logprobs, logprobs = _logprobs(body, compat)
-    tools, defs = _tools(body, compat)
-    control, choice = _tool_choice(body, tools)
+    tools = _tools(body, compat)
+    control, choice = _tool_choice(body, tools.tools)
     text_format, text_echo = _text_format(body, compat)
     store = f.opt_bool(body, "store")
     return CreateRequest(
@@ -283,8 +330,9 @@ def parse_create(body: dict[str, Any], vision: bool, compat: Compat | None = Non
         metadata=_metadata(body),
         effort=_reasoning(body, compat),
         preserve_thinking=_preserve(body),
-        tools=tools,
-        tool_defs=defs,
+        tools=tools.tools,
+        tool_defs=tools.defs,
+        tool_formats=tools.formats,
         tool_choice=choice,
         tool_control=control,
         text_format=text_format,

@@ -20,7 +20,7 @@ from ninfer.api.responses.object import Envelope
 from ninfer.api.responses.schema import CreateRequest, parse_create, parse_input_tokens
 from ninfer.api.responses.store import ResponseStore, StoredResponse, make_record
 from ninfer.api.responses.stream import ResponseSequencer, frame
-from ninfer.api.tool_control import answer_constraint, fallback
+from ninfer.api.tool_control import answer_constraint, fallback, input_formats
 from ninfer.engine.api import SamplingParams
 from ninfer.frontend.conversation import Conversation
 from ninfer.frontend.options import RequestOptions
@@ -86,9 +86,10 @@ class ResponsesService:
             logprobs=request.logprobs,
         )
         text = request.text_format
+        parts = input_formats(tools, request.tool_formats) if tools else ()
         return GenerationJob(
             constraint=answer_constraint(tools, request.tool_control, text),
-            constraint_parts=(text,) if text is not None else (),
+            constraint_parts=(*parts, text) if text is not None else parts,
             constraint_fallback=fallback(request.tool_control, text, request.compat.enabled),
             protocol="responses",
             conversation=Conversation(messages=messages, tools=tools),

@@ -20,11 +20,13 @@ from ninfer.api.events import (
     ToolCallArgumentsDelta,
     ToolCallEnd,
     ToolCallStart,
-    arguments_json,
+    call_payload,
 )
-from ninfer.api.responses.items import new_id
+from ninfer.api.responses.items import ID_PREFIX, new_id
 from ninfer.api.responses.logprobs import TextLogprobs, event_entries
 from ninfer.api.responses.object import Envelope, failure
+
+CALL_ITEMS = ("function_call", "custom_tool_call")  # Items without content parts
 
 
 def frame(event: dict[str, Any]) -> bytes:
@@ -55,7 +57,7 @@ class ResponseSequencer:
     """Emits response.created / in_progress, per-Item added / delta / done events and one terminal.
 
     Output Items are opened lazily: reasoning text opens a reasoning Item, answer text a message
-    Item, a tool call a function_call Item; a change of kind closes the open Item. With logprobs
+    Item, a tool call a function_call (a custom tool's: custom_tool_call) Item; a change of kind closes the open Item. With logprobs
     requested (`LogprobsDelta` events), each answer delta carries its tokens' logprobs and the
     message's output_text part all of them; without, those lists are empty (as OpenAI's are).
     """
@@ -91,7 +93,7 @@ class ResponseSequencer:
         open_ = _Open(len(self.output), item)
         self.output.append(item)
         events = [self._event("response.output_item.added", output_index=open_.index, item=dict(item))]
-        if item["type"] != "function_call":
+        if item["type"] not in CALL_ITEMS:
             item["content"] = []
             events[0]["item"]["content"] = []
             events.append(
@@ -151,6 +153,10 @@ class ResponseSequencer:
                 "response.function_call_arguments.done", **loc, arguments=text, name=item["name"]
             )
             return [done, self._event("response.output_item.done", output_index=open_.index, item=dict(item))]
+        if item["type"] == "custom_tool_call":
+            item.update(input=text, status=status)
+            done = self._event("response.custom_tool_call_input.done", **loc, input=text)
+            return [done, self._event("response.output_item.done", output_index=open_.index, item=dict(item))]
         part = self._part(open_, text)
         item.update(content=[part], status=status)
         if item["type"] == "reasoning":
@@ -180,13 +186,14 @@ class ResponseSequencer:
             return []
         if isinstance(event, ToolCallStart):
             events = self._close("completed")
+            kind, payload = ("custom_tool_call", "input") if event.custom else ("function_call", "arguments")
             item = {
-                "id": self.make_id("fc"),
-                "type": "function_call",
+                "id": self.make_id(ID_PREFIX[kind]),
+                "type": kind,
                 "status": "in_progress",
                 "call_id": event.id,
                 "name": event.name,
-                "arguments": "",
+                payload: "",
             }
             self._open, started = self._begin(item)
             self._calls[event.index] = self._open
@@ -196,9 +203,12 @@ class ResponseSequencer:
             if open_ is not self._open:
                 raise ValueError(f"arguments for tool call {event.index} arrived after it was closed")
             open_.chunks.append(event.json_fragment)
+            custom = open_.item["type"] == "custom_tool_call"
             return [
                 self._event(
-                    "response.function_call_arguments.delta",
+                    "response.custom_tool_call_input.delta"
+                    if custom
+                    else "response.function_call_arguments.delta",
                     item_id=open_.id,
                     output_index=open_.index,
                     delta=event.json_fragment,
@@ -206,7 +216,7 @@ class ResponseSequencer:
             ]
         if isinstance(event, ToolCallEnd):
             open_ = self._calls[event.index]
-            if open_ is not self._open or open_.text != arguments_json(event.call.arguments):
+            if open_ is not self._open or open_.text != call_payload(event.call):
                 raise ValueError(f"tool call {event.index} ended with arguments that were not streamed")
             return self._close("completed")
         if isinstance(event, Finished):
