@@ -44,7 +44,7 @@ def test_request_done_fields_and_console_suffix(tmp_path: Path) -> None:
     plain = engine(model)
     path = tmp_path / "log.jsonl"
     recorder = Recorder(RequestLog(str(path), "instance"), Tracing(None))
-    job = SimpleNamespace(protocol="chat_completions", client_request_id=None)
+    job = SimpleNamespace(protocol="chat_completions", client_request_id=None, compat=[])
     handler = Lines()
     logging.getLogger("ninfer").addHandler(handler)
     logging.getLogger("ninfer").setLevel(logging.INFO)
