@@ -380,8 +380,8 @@ class Runner:
         last = [i for i, p in enumerate(plans) if p.sampler is not None]
         if not last:
             return StepResult(seq_ids=[], tokens=[])
-        at = torch.tensor([lens[i] - 1 for i in last], device=self.device)
-        logits = out.logits[torch.tensor(last, device=self.device), at]  # [k, V] float32, masked in the graph
+        # [k, V] float32 (masked in the graph): views stacked, no index tensors copied to the device
+        logits = torch.stack([out.logits[i, lens[i] - 1] for i in last])
         return _first_tokens([plans[i] for i in last], logits)
 
     def _prefill(self, plan: PrefillPlan) -> StepResult:
@@ -433,29 +433,21 @@ def prefill_graph_shapes(
     captured graph costs ready time: ~2 s for a full-size 27B step on the H200), as far as the
     graph-safe small-batch MoE kernels take them (at most 64 tokens and 384 routed rows a step)."""
     rows = sorted({1 << i for i in range(max_rows.bit_length()) if 1 << i <= max_rows} | {max_rows})
-    out = []
-    for q in buckets:
-        for b in rows:
-            if config.is_moe and (
-                b * q > SMALL_MOE_TOKENS or b * q * int(config.num_experts_per_tok or 1) > SMALL_MOE_ROWS
-            ):
-                break
-            out.append((b, q))
-    return tuple(out)
+    return tuple((b, q) for q in buckets for b in rows if _graph_safe(b, q, config))
+
+
+def _graph_safe(b: int, q: int, config: TextConfig) -> bool:
+    """Whether a (b, q) step takes the graph-safe kernels: the conv step kernel (at most 64 tokens
+    a row) and, on MoE models, the small-batch expert kernels (64 tokens, 384 routed rows a step)."""
+    if q > SMALL_STEP_MAX_TOKENS:
+        return False
+    routed = b * q * int(config.num_experts_per_tok or 1)
+    return not config.is_moe or (b * q <= SMALL_MOE_TOKENS and routed <= SMALL_MOE_ROWS)
 
 
 def small_prefill_buckets(buckets: Sequence[int], config: TextConfig) -> tuple[int, ...]:
-    """The prefill bucket sizes a model's captured step supports: every bucket must take the
-    graph-safe kernels: the conv step kernel (at most 64 tokens) and the small-batch MoE
-    kernels (at most 384 routed rows)."""
-    out = []
-    for q in sorted(set(buckets)):
-        if q < 2 or q > min(SMALL_MOE_TOKENS, SMALL_STEP_MAX_TOKENS):
-            continue
-        if config.is_moe and q * int(config.num_experts_per_tok or 1) > SMALL_MOE_ROWS:
-            continue
-        out.append(q)
-    return tuple(out)
+    """The prefill bucket sizes a model's captured one-row step supports (`_graph_safe`)."""
+    return tuple(q for q in sorted(set(buckets)) if q >= 2 and _graph_safe(1, q, config))
 
 
 def _compiled(fn: StepFn, max_batch: int) -> StepFn:
