@@ -2,9 +2,10 @@
 
 Other threads only `reserve()`, `submit()` and read/cancel their `RequestHandle`. The engine
 thread loops: take new submissions and cancellations, expire late waiters, admit in FIFO order,
-run one step (a prefill chunk of one request or one decode round of all decode-ready ones),
-commit tokens and check stops. While the decode rows are its only work, each round is launched
-before the previous one is committed (`_decode_ahead`). Submission checks live in `intake`,
+run one step (a prefill chunk of one request or one decode round of all decode-ready ones)
+through one loop, launch -> resolve -> commit (`_step`), committing tokens and checking stops.
+While the decode rows are its only work, each round is launched before the previous one is
+resolved and committed (launch-ahead, a property of that loop). Submission checks live in `intake`,
 token commits in `commit`, and how requests leave (finish, fail, engine death) in `retire`.
 """
 
@@ -37,7 +38,7 @@ from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.intake import prepare
 from ninfer.engine.multimodal import MediaEncoder
 from ninfer.engine.pages import PageAllocator, pages_for
-from ninfer.engine.plan import DecodePlan, PrefillBatch, PrefillPlan, StepPlan
+from ninfer.engine.plan import DecodePlan, PrefillBatch, PrefillPlan, StepPlan, StepResult
 from ninfer.engine.prefix_cache import PrefixCache
 from ninfer.engine.retire import Retirer
 from ninfer.engine.runner import Runner, default_graph_segments
@@ -367,57 +368,39 @@ class Engine:
                 self._cv.wait(min(timeout, 0.05))
 
     def _step(self, plan: StepPlan) -> None:
-        if isinstance(plan, DecodePlan) and self.config.launch_ahead and self.runner.can_launch_ahead(plan):
-            self._decode_ahead(plan)
-            return
-        if isinstance(plan, PrefillPlan):
-            ids = [plan.seq_id]
-        elif isinstance(plan, PrefillBatch):
-            ids = [c.seq_id for c in plan.chunks]
-        else:
-            ids = [r.seq_id for r in plan.rows]
+        """Run `plan` through the one loop: launch, resolve, commit.
+
+        Launch-ahead: while the same decode rows stay the only work (`_rounds_continue`) and the
+        runner can feed them on the device (`can_launch_ahead`: plain decode, no host-side
+        sampling), round N+1 goes to the device fed by round N's sampled tokens before round N is
+        resolved, so the GPU runs it while the host commits, checks stops and delivers outputs. A
+        request that finishes in round N has its last token fed by round N+1: its lane is retained
+        with that token computed (the state and KV written by round N+1 are exactly that), and its
+        row's output of round N+1 is dropped. The rounds stop when anything else needs the engine
+        (a submission, a cancel, a waiting or prefilling request, a drain, a finished row); every
+        launched round is resolved and committed before returning. Other kinds (prefill chunks,
+        speculative rounds, rows sampled on the host) launch and resolve back to back.
+
+        A failed launch or resolve fails that plan's rows (a round launched ahead of it is
+        resolved first and its rows, the same, fail with it), never the engine."""
+        runner, ahead = self.runner, self.config.launch_ahead
+        ids = _row_ids(plan)
         try:
-            result = self.runner.execute(plan, on_launch=self._outbox.flush)
-        except Exception as exc:  # a failed step fails its requests, not the engine
-            self._fail_rows(ids, exc)
-            return
-        now = time.monotonic()
-        if isinstance(plan, PrefillPlan):
-            self._commit.prefill([plan], result, now)
-        elif isinstance(plan, PrefillBatch):
-            self._commit.prefill(plan.chunks, result, now)
-        else:
-            self._commit.decode(plan, result, now)
-
-    def _fail_rows(self, ids: list[int], exc: Exception) -> None:
-        """A failed step fails its live requests, not the engine."""
-        self._retire.error_rows(ids, f"{type(exc).__name__}: {exc}")
-
-    def _decode_ahead(self, plan: DecodePlan) -> None:
-        """Plain decode rounds with round N+1 launched before round N is read back and committed.
-
-        While the same rows stay the only work (`_rounds_continue`), the next round goes to the
-        device fed by this round's sampled tokens on the device, so the GPU runs it while the host
-        commits, checks stops and delivers outputs. A request that finishes in round N has its
-        last token fed by round N+1: its lane is retained with that token computed (the state
-        and KV written by round N+1 are exactly that), and its row's output of round N+1 is
-        dropped. The rounds stop when anything else needs the engine (a submission, a cancel, a
-        waiting or prefilling request, a drain, a finished row); every launched round is
-        committed before returning."""
-        runner = self.runner
-        ids = [r.seq_id for r in plan.rows]
-        try:
-            cur = runner.launch_decode(plan)
+            cur = runner.launch(plan, on_launch=self._outbox.flush)
         except Exception as exc:
             self._fail_rows(ids, exc)
             return
-        self._outbox.flush()
+        fed = False  # a round of this loop was launched ahead
         while True:
             nxt = None
             try:
-                if self._rounds_continue(plan):
-                    nxt = runner.launch_decode(_next_round(plan), feed=cur)
-                    self._outbox.flush()
+                if (
+                    ahead
+                    and isinstance(plan, DecodePlan)
+                    and runner.can_launch_ahead(plan)
+                    and self._rounds_continue(plan)
+                ):
+                    nxt = runner.launch(_next_round(plan), feed=cur, on_launch=self._outbox.flush)
                 result = runner.resolve(cur)
             except Exception as exc:
                 if nxt is not None:  # its rows fail with this round's; let it finish first
@@ -427,11 +410,26 @@ class Engine:
                         pass
                 self._fail_rows(ids, exc)
                 return
-            self._commit.decode(plan, result, time.monotonic(), ahead=nxt is not None)
-            self._snapshot = self.scheduler.snapshot()
+            self._commit_step(plan, result, ahead=nxt is not None)
+            fed = fed or nxt is not None
+            if fed:
+                self._snapshot = self.scheduler.snapshot()
             if nxt is None:
                 return
             plan, cur = nxt.plan, nxt
+
+    def _commit_step(self, plan: StepPlan, result: StepResult, ahead: bool) -> None:
+        now = time.monotonic()
+        if isinstance(plan, PrefillPlan):
+            self._commit.prefill([plan], result, now)
+        elif isinstance(plan, PrefillBatch):
+            self._commit.prefill(plan.chunks, result, now)
+        else:
+            self._commit.decode(plan, result, now, ahead=ahead)
+
+    def _fail_rows(self, ids: list[int], exc: Exception) -> None:
+        """A failed step fails its live requests, not the engine."""
+        self._retire.error_rows(ids, f"{type(exc).__name__}: {exc}")
 
     def _rounds_continue(self, plan: DecodePlan) -> bool:
         """Whether the next step would be `plan`'s rows again: every row's request is live and
@@ -443,6 +441,15 @@ class Engine:
             return False
         with self._cv:
             return not self._inbox and not self._cancels
+
+
+def _row_ids(plan: StepPlan) -> list[int]:
+    """The requests a plan's step serves (they fail together when it fails)."""
+    if isinstance(plan, PrefillPlan):
+        return [plan.seq_id]
+    if isinstance(plan, PrefillBatch):
+        return [c.seq_id for c in plan.chunks]
+    return [r.seq_id for r in plan.rows]
 
 
 def _next_round(plan: DecodePlan) -> DecodePlan:

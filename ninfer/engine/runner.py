@@ -41,15 +41,20 @@ def default_graph_segments(config: TextConfig) -> int:
 
 
 @dataclass
-class LaunchedDecode:
-    """A plain decode round queued on the device and not read back yet (`Runner.launch_decode`)."""
+class Launched:
+    """A step queued on the device by `Runner.launch`, read back by `Runner.resolve`.
 
-    plan: DecodePlan
-    tokens: torch.Tensor  # [B] int64 on the device: the sampled tokens (what a next round feeds)
-    host: torch.Tensor  # [B] (or [2B]: tokens | bad flags) int64 on the host, filled by an async copy
-    checked: bool  # `host` carries the bad flags of stochastic rows after the tokens
-    ready: torch.cuda.Event | None  # recorded after the copy (None on the CPU: already done)
+    A plain decode round is left in flight: its sampled tokens stay on the device (`tokens`,
+    what a next round may be fed) and an async copy fills `host`. Every other kind (prefill
+    chunks, speculative rounds) is read back by `launch` itself and carries its `result`."""
+
+    plan: StepPlan
     t0: float
+    result: StepResult | None = None  # already read back: nothing left in flight
+    tokens: torch.Tensor | None = None  # [B] int64 on the device: the sampled tokens
+    host: torch.Tensor | None = None  # [B] (or [2B]: tokens | bad flags) int64 on the host, async copy
+    checked: bool = False  # `host` carries the bad flags of stochastic rows after the tokens
+    ready: torch.cuda.Event | None = None  # recorded after the copy (None on the CPU: already done)
     logprobs: LogprobRows | None = None  # rows with logprobs (such rounds are never launched ahead)
 
 
@@ -108,7 +113,7 @@ class Runner:
             spec.bind(self.forward)
         self.graphs: DecodeGraphs | None = None
         self.graph_stats: GraphStats | None = None
-        self._on_launch: Callable[[], None] | None = None  # the running execute's (see execute)
+        self._on_launch: Callable[[], None] | None = None  # the running launch's (see launch)
         self._prepared = False
         self._steps = 0
         self._resolved_at = 0.0  # perf_counter of the last `resolve`
@@ -176,28 +181,54 @@ class Runner:
 
         return install
 
-    def can_launch_ahead(self, plan: DecodePlan) -> bool:
-        """Whether `launch_decode` can feed this plan's rows their next inputs on the device: plain
-        decode (no speculative decoder) and no row whose logits depend on its tokens on the host
-        (penalties, grammar masks) or that reads logprobs back."""
-        return self.spec is None and not any(r.sampler.host_bound for r in plan.rows)
+    def can_launch_ahead(self, plan: StepPlan) -> bool:
+        """Whether `launch` can feed this plan's next round its inputs on the device: a plain
+        decode round (no speculative decoder) with no row whose logits depend on its tokens on
+        the host (penalties, grammar masks) or that reads logprobs back."""
+        return (
+            isinstance(plan, DecodePlan)
+            and self.spec is None
+            and not any(r.sampler.host_bound for r in plan.rows)
+        )
 
-    def launch_decode(self, plan: DecodePlan, feed: LaunchedDecode | None = None) -> LaunchedDecode:
-        """Queue one plain decode round and the copy of its sampled tokens to the host; no wait.
+    def launch(
+        self, plan: StepPlan, feed: Launched | None = None, on_launch: Callable[[], None] | None = None
+    ) -> Launched:
+        """Queue one step on the device; `resolve` reads it back.
 
-        `feed`: the round before, still in flight, over the same rows in the same order; its
-        sampled tokens become this round's inputs on the device (the rows' `token` fields are not
-        read). That is how the engine launches round N+1 before it commits round N. `resolve`
-        reads a launched round back."""
-        if self.spec is not None:
-            raise RuntimeError("launch_decode runs plain decode rounds; speculative rounds use execute")
-        if feed is not None and [r.seq_id for r in feed.plan.rows] != [r.seq_id for r in plan.rows]:
-            raise ValueError("a fed round must have the rows of the round that feeds it, in order")
+        A plain decode round is queued with the copy of its sampled tokens to the host, without
+        waiting. Other kinds run to their result here (their forwards feed host-side work).
+        `feed`: the round before, still in flight, over the same rows in the same order (only
+        where `can_launch_ahead`); its sampled tokens become this round's inputs on the device
+        (the rows' `token` fields are not read). `on_launch` is called once, as soon as the step's
+        GPU work is queued (after a graph replay's launch; before an eager forward, whose launches
+        are the host's work), so host work on the caller's side overlaps the GPU; at the latest
+        before returning."""
+        if feed is not None:
+            if not isinstance(plan, DecodePlan) or not self.can_launch_ahead(plan) or feed.tokens is None:
+                raise ValueError("only plain decode rounds are fed by the round before them")
+            if [r.seq_id for r in feed.plan.rows] != [r.seq_id for r in plan.rows]:  # type: ignore[union-attr]
+                raise ValueError("a fed round must have the rows of the round that feeds it, in order")
         t0 = self._begin()
-        with torch.inference_mode():
-            return self._launch_decode(plan, None if feed is None else feed.tokens, t0)
+        self._on_launch = on_launch
+        try:
+            with torch.inference_mode():
+                if isinstance(plan, DecodePlan) and self.spec is None:
+                    return self._launch_decode(plan, None if feed is None else feed.tokens, t0)
+                if isinstance(plan, PrefillPlan):
+                    result = self._prefill(plan)
+                elif isinstance(plan, PrefillBatch):
+                    result = self._prefill_rows(plan.chunks, plan.q)
+                else:
+                    result = self.spec.decode(plan)  # type: ignore[union-attr]
+        finally:
+            self._launched()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        result.seconds = time.perf_counter() - t0
+        return Launched(plan, t0, result)
 
-    def _launch_decode(self, plan: DecodePlan, feed: torch.Tensor | None, t0: float) -> LaunchedDecode:
+    def _launch_decode(self, plan: DecodePlan, feed: torch.Tensor | None, t0: float) -> Launched:
         rows = plan.rows
         step = self.forward(StepRows.for_decode(rows, [[r.token] for r in rows]), feed)
         # the in-graph argmax is a view of a static buffer: the copies below and a next round's
@@ -211,10 +242,13 @@ class Runner:
         if on_gpu:
             ready = torch.cuda.Event()
             ready.record()
-        return LaunchedDecode(plan, tokens, host, bad is not None, ready, t0, lp)
+        return Launched(plan, t0, None, tokens, host, bad is not None, ready, lp)
 
-    def resolve(self, launched: LaunchedDecode) -> StepResult:
-        """Wait for a launched round's tokens (not for rounds queued after it) and return them."""
+    def resolve(self, launched: Launched) -> StepResult:
+        """Wait for a launched step's tokens (not for rounds queued after it) and return them."""
+        if launched.result is not None:
+            return launched.result
+        assert launched.host is not None and isinstance(launched.plan, DecodePlan)
         if launched.ready is not None:
             launched.ready.synchronize()
         values = launched.host.tolist()
@@ -230,25 +264,8 @@ class Runner:
         return StepResult(seq_ids=seq_ids, tokens=tokens, seconds=seconds, logprobs=lp)
 
     def execute(self, plan: StepPlan, on_launch: Callable[[], None] | None = None) -> StepResult:
-        """Run one plan. `on_launch` is called once, as soon as the step's GPU work is queued (after
-        a graph replay's launch; before an eager forward, whose launches are the host's work), so
-        host work on the caller's side overlaps the GPU; at the latest before returning."""
-        t0 = self._begin()
-        self._on_launch = on_launch
-        try:
-            with torch.inference_mode():
-                if isinstance(plan, PrefillPlan):
-                    result = self._prefill(plan)
-                elif isinstance(plan, PrefillBatch):
-                    result = self._prefill_rows(plan.chunks, plan.q)
-                else:
-                    result = self._decode(plan)
-        finally:
-            self._launched()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        result.seconds = time.perf_counter() - t0
-        return result
+        """Run one plan to its result: `resolve(launch(plan))` (warm-up, benchmarks, tests)."""
+        return self.resolve(self.launch(plan, on_launch=on_launch))
 
     def _begin(self) -> float:
         """A step starts: capture first if not done yet; -> its start time."""
@@ -258,7 +275,7 @@ class Runner:
         return time.perf_counter()
 
     def _launched(self) -> None:
-        """Call the current execute's `on_launch`, once."""
+        """Call the current launch's `on_launch`, once."""
         fn, self._on_launch = self._on_launch, None
         if fn is not None:
             fn()
@@ -408,11 +425,6 @@ class Runner:
         result = _first_tokens([plan], self._logits(hidden[:, -1]))  # [1, V] float32
         result.vision_seconds = vision_s
         return result
-
-    def _decode(self, plan: DecodePlan) -> StepResult:
-        if self.spec is not None:
-            return self.spec.decode(plan)
-        return self.resolve(self._launch_decode(plan, None, time.perf_counter()))
 
 
 def _first_tokens(plans: Sequence[PrefillPlan], logits: torch.Tensor) -> StepResult:

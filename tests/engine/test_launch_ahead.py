@@ -37,17 +37,17 @@ def _requests(stop_id: int | None = None) -> list[GenerationRequest]:
 
 
 class AheadCount:
-    """Counts the engine runner's launch_decode calls fed by a round still in flight."""
+    """Counts the engine runner's launches fed by a round still in flight."""
 
     def __init__(self, engine: Engine) -> None:
         self.fed = 0
-        inner = engine.runner.launch_decode
+        inner = engine.runner.launch
 
-        def launch(plan: Any, feed: Any = None) -> Any:
+        def launch(plan: Any, feed: Any = None, on_launch: Any = None) -> Any:
             self.fed += feed is not None
-            return inner(plan, feed)
+            return inner(plan, feed, on_launch)
 
-        engine.runner.launch_decode = launch  # type: ignore[method-assign]
+        engine.runner.launch = launch  # type: ignore[method-assign]
 
 
 def _run_all(engine: Engine, reqs: list[GenerationRequest]) -> list[tuple[list[int], str | None]]:
@@ -146,6 +146,43 @@ def test_penalized_rows_commit_every_round_first(small_model) -> None:
         reqs = [GenerationRequest("p", _prompt(20, 5), params)]
         assert _run_all(eng, reqs) == _run_all(step, reqs)
         assert count.fed == 0
+    finally:
+        eng.shutdown(5)
+        step.shutdown(5)
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_a_failed_step_fails_its_rows_not_the_engine(small_model, kind: str) -> None:
+    """One loop handles every kind's failure: a resolve that raises on a decode round with the
+    next round launched ahead of it (resolved right after) or on a prefill chunk ends that
+    step's requests with "error"; the engine serves the next request as an in-step engine does."""
+    eng = make_engine(small_model)
+    step = make_engine(small_model, launch_ahead=False)
+    inner = eng.runner.resolve
+    resolved: list[Any] = []
+    fault: list[int] = []
+
+    def resolve(launched: Any) -> Any:
+        resolved.append(launched)
+        fed = launched.result is None and launched.plan.rows[0].token == -1  # a round launched ahead
+        if not fault and (fed if kind == "decode" else launched.result is not None):
+            fault.append(len(resolved))
+            raise RuntimeError("device fault")
+        return inner(launched)
+
+    eng.runner.resolve = resolve  # type: ignore[method-assign]
+    try:
+        params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+        reqs = [GenerationRequest(f"f{i}", _prompt(12 + i, i), params) for i in range(3)]
+        reasons = [reason for _, reason in _run_all(eng, reqs)]
+        if kind == "prefill":  # the first request's chunk failed, the others ran
+            assert reasons == ["error", "length", "length"]
+        else:  # the failed round's rows; the round launched ahead of it was resolved next
+            assert "error" in reasons and set(reasons) <= {"error", "length"}
+            assert resolved[fault[0]].plan.rows[0].token == -1  # the next round, fed on the device
+        ok = [GenerationRequest("ok", _prompt(15, 8), params)]
+        assert _run_all(eng, ok) == _run_all(step, ok)
+        assert eng.error is None
     finally:
         eng.shutdown(5)
         step.shutdown(5)
