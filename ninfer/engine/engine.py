@@ -33,7 +33,7 @@ from ninfer.engine.commit import Committer
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.counters import Counters
 from ninfer.engine.grammar import Grammars, GrammarUnavailable
-from ninfer.engine.graphs import GraphStats
+from ninfer.engine.graphs import GraphStats, default_capture
 from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.intake import prepare
 from ninfer.engine.multimodal import MediaEncoder
@@ -105,7 +105,17 @@ class Engine:
         self.states = StatePool.for_config(self.text_config, self.layout.num_slots, self.dtype, self.device)
         self.allocator = PageAllocator(self.ledger.num_pages)
         max_pages = pages_for(config.max_context)
-        self.spec = build_spec(config, model, self.kv, self.states, self.layout, max_pages, draft_head)
+        capture = None if config.no_cuda_graph else default_capture(self.device)  # every graph's backend
+        self.spec = build_spec(
+            config,
+            model,
+            self.kv,
+            self.states,
+            self.layout,
+            max_pages,
+            draft_head,
+            graphed=capture is not None,
+        )
         pools = lane_pools(self.kv, self.states, self.spec)  # cold tier: None without a secondary device
         self.cold_tier = build_cold_tier(config, pools, self.device, cold_store)
         self.cache = PrefixCache(
@@ -120,7 +130,8 @@ class Engine:
             self.device,
             config.vocab_limit,
             max_batch=config.max_concurrency,
-            cuda_graphs=not config.no_cuda_graph,  # with --spec: decode and verify graphs
+            cuda_graphs=capture is not None,  # with --spec: decode, verify and MTP proposal graphs
+            capture=capture,
             compile=config.compile,
             graph_segments=config.graph_segments or default_graph_segments(self.text_config),
             spec=self.spec,

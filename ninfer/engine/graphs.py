@@ -1,4 +1,9 @@
-"""CUDA graphs of the whole decode and verify steps, one per exact (batch size, q), over one-copy static inputs."""
+"""The one manager of the engine's CUDA graphs (`StepGraphs`): the capture backend, the one memory
+pool, the capture order and one `GraphStats` for every captured shape. The step's own shapes are
+decode (B, q = 1), speculative verification (B, q = k + 1) and prefill rows (B, bucket q), each over
+one-copy static inputs; other components add their graphs as a family (`StepGraphs.add_family`:
+the MTP drafter's greedy proposal per batch size, `speculative/draft_graphs.py`), captured into
+the same pool after the step's shapes and replayed through the manager."""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 import torch
@@ -114,6 +119,11 @@ class CudaCapture:
         return torch.cuda.memory_reserved(self.device)
 
 
+def default_capture(device: torch.device) -> CaptureBackend | None:
+    """The capture backend of a device: CUDA graphs on a GPU, none elsewhere."""
+    return CudaCapture(device) if device.type == "cuda" else None
+
+
 class EagerCapture:
     """Replays by calling the step again: the graph manager's bookkeeping without a GPU."""
 
@@ -142,10 +152,22 @@ class EagerCapture:
 
 # ----------------------------------------------------------------------------- the manager
 @dataclass
+class FamilyStats:
+    """What one added family's capture cost (e.g. the MTP drafter's proposal, per batch size);
+    `error` says why its graphs are off (the step's graphs unaffected)."""
+
+    batch_sizes: tuple[int, ...]
+    capture_s: float = 0.0
+    pool_bytes: int = 0
+    error: str | None = None
+
+
+@dataclass
 class GraphStats:
     """What capture cost; `error` says why graphs are off when capture failed. The decode graphs
     (q = 1) are `batch_sizes`; with speculation the verify graphs (q = k + 1, per-token GDN state
-    writes) are `verify_batch_sizes`, captured first into the same pool."""
+    writes) are `verify_batch_sizes`, captured first into the same pool; the added families
+    (`families`, e.g. "draft": the MTP proposal graphs) last, into the same pool."""
 
     batch_sizes: tuple[int, ...]
     capture_s: float
@@ -155,18 +177,34 @@ class GraphStats:
     verify_batch_sizes: tuple[int, ...] = ()
     verify_capture_s: float = 0.0
     verify_pool_bytes: int = 0
-    prefill_buckets: tuple[int, ...] = ()  # one-row prefill graphs of q tokens (see DecodeGraphs)
+    prefill_buckets: tuple[int, ...] = ()  # one-row prefill graphs of q tokens (see StepGraphs)
     prefill_shapes: tuple[tuple[int, int], ...] = ()  # every captured prefill (rows, q)
     prefill_capture_s: float = 0.0
     prefill_error: str | None = None  # why the prefill graphs are off (decode graphs unaffected)
     graph_breaks: int | None = None  # with torch.compile: Dynamo's graph breaks in the captured steps
     compile_error: str | None = None  # why torch.compile was dropped at startup (the eager step runs)
+    families: dict[str, FamilyStats] = field(default_factory=dict)  # added families by name
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
-class DecodeGraphs:
+@dataclass
+class _Family:
+    """Graphs another component added (`StepGraphs.add_family`)."""
+
+    sizes: tuple[int, ...]  # batch sizes, largest first (the capture order)
+    build: Callable[[int], Callable[[], None]]  # batch size -> the step to capture (static inputs set up)
+    install_cut: InstallCut | None
+    q: int  # tokens per row of the family's steps (the launch scope's shape)
+    replay: dict[int, Callable[[], None]] = field(default_factory=dict)
+
+
+def _no_step(batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    raise RuntimeError("a manager of added families only has no step of its own")
+
+
+class StepGraphs:
     """One captured step per (B, q): q = 1 decode for B = 1..max_batch and, with `verify_q`, the
     speculative verification of q = k + 1 tokens whose GDN state after each token goes to the
     packed `write_slots`. All share one memory pool; inputs are one packed int64 buffer per key,
@@ -177,7 +215,10 @@ class DecodeGraphs:
     prompt chunks of one or several requests, each padded to the bucket q: the state is written
     only after each row's last real token, so short prefills arriving together are one
     weight-bound replay instead of one eager, launch-bound forward each. Their capture failing
-    leaves them off and the decode graphs as they are."""
+    leaves them off and the decode graphs as they are.
+
+    `add_family`: graphs of another component (the MTP drafter's proposal), built per batch size
+    by it and captured, replayed and accounted here, after the step's own shapes."""
 
     def __init__(
         self,
@@ -206,16 +247,48 @@ class DecodeGraphs:
         self.static: dict[tuple[int, int], torch.Tensor] = {}  # (B, q) -> device [packed_len]
         self.outputs: dict[int, StepOut] = {}  # q -> [Bmax, q, ...] static outputs
         self._replay: dict[tuple[int, int], Callable[[], None]] = {}
+        self._families: dict[str, _Family] = {}
+        self.family_stats: dict[str, FamilyStats] = {}  # by name, once captured (also in GraphStats)
         self.pool: object | None = None
+
+    @classmethod
+    def families_only(cls, backend: CaptureBackend, device: torch.device) -> StepGraphs:
+        """A manager without step shapes, for added families alone (a drafter benchmarked alone)."""
+        return cls(_no_step, 0, 0, 0, 0, torch.float32, device, backend)
 
     def has(self, b: int, q: int = 1) -> bool:
         return (b, q) in self._replay
 
+    def add_family(
+        self,
+        name: str,
+        sizes: Iterable[int],
+        build: Callable[[int], Callable[[], None]],
+        install_cut: InstallCut | None = None,
+        q: int = 1,
+    ) -> None:
+        """Capture `build(b)` for every batch size in `sizes` with this manager's graphs (after the
+        step's own shapes, largest first, in the same pool); `install_cut` segments each capture
+        (see CaptureBackend), `q` is the family's tokens per row. A family's failed capture leaves
+        it off alone (`GraphStats.families[name].error`)."""
+        if name in self._families:
+            raise ValueError(f"graph family {name!r} added twice")
+        self._families[name] = _Family(tuple(sorted(set(sizes), reverse=True)), build, install_cut, q)
+
+    def has_family(self, name: str, b: int | None = None) -> bool:
+        """Whether the family's batch-b graph (any of its graphs: `b` None) was captured."""
+        family = self._families.get(name)
+        return family is not None and (bool(family.replay) if b is None else b in family.replay)
+
+    def replay_family(self, name: str, b: int) -> None:
+        """Replay the family's batch-b graph on the inputs its step last received."""
+        self._families[name].replay[b]()
+
     def capture(self, sizes: Iterable[int] | None = None, pool: object | None = None) -> GraphStats:
         """Capture every size for the verify q (when set), then for q = 1, largest first so smaller
-        graphs reuse the pool (`pool`: one to share, e.g. with the drafter's graphs; default a new
-        one, kept in `self.pool`). Warm-up runs write scratch KV into page 0 and GDN state into
-        slots 0..B-1: call before any sequence exists."""
+        graphs reuse the pool, then the prefill shapes, then every added family: one pool for all
+        (`pool`: default a new one, kept in `self.pool`). Warm-up runs write scratch KV into page
+        0 and GDN state into slots 0..B-1: call before any sequence exists."""
         order = sorted(set(range(1, self.max_batch + 1) if sizes is None else sizes), reverse=True)
         if order and not 1 <= order[-1] <= order[0] <= self.max_batch:
             raise ValueError(f"batch sizes must lie in 1..{self.max_batch}, got {order}")
@@ -235,9 +308,11 @@ class DecodeGraphs:
             self.static.clear()
             self._replay.clear()
             self.outputs.clear()
-            err = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            err = _error_line(exc)
             log.warning("CUDA graphs disabled, decode runs eagerly: %s", err)
-            return GraphStats((), time.perf_counter() - t_all, 0, err, self.verify_q)
+            failed = GraphStats((), time.perf_counter() - t_all, 0, err, self.verify_q)
+            self._capture_families(pool, failed)
+            return failed
         sizes_t = tuple(sorted(order))
         stats = GraphStats(sizes_t, *done[1])
         self._capture_prefill(pool, stats)
@@ -245,10 +320,16 @@ class DecodeGraphs:
             vs, vb = done[self.verify_q]
             stats.verify_q, stats.verify_batch_sizes = self.verify_q, sizes_t
             stats.verify_capture_s, stats.verify_pool_bytes = vs, vb
+        if self.max_batch:
+            self._log(stats)
+        self._capture_families(pool, stats)
+        return stats
+
+    def _log(self, stats: GraphStats) -> None:
         log.info(
             "captured %d decode graphs (batch 1..%d) in %.2f s, %.1f MiB; verify q=%s: %.2f s, %.1f MiB; "
             "%d prefill graphs (buckets %s, up to %d rows) in %.2f s",
-            len(order),
+            len(stats.batch_sizes),
             self.max_batch,
             stats.capture_s,
             stats.pool_bytes / 2**20,
@@ -260,7 +341,35 @@ class DecodeGraphs:
             max((b for b, _ in stats.prefill_shapes), default=0),
             stats.prefill_capture_s,
         )
-        return stats
+
+    def _capture_families(self, pool: object, stats: GraphStats) -> None:
+        """Every added family's sizes (largest first) into `pool`; a failure drops its family alone."""
+        for name, family in self._families.items():
+            t0 = time.perf_counter()
+            mem0 = self.backend.memory_reserved()
+            try:
+                for b in family.sizes:
+                    if b not in family.replay:
+                        family.replay[b] = self._capture(
+                            family.build(b), pool, b, family.q, family.install_cut
+                        )
+            except Exception as exc:  # e.g. an op that synchronizes: the family runs eagerly instead
+                family.replay.clear()
+                err = _error_line(exc)
+                log.warning("%s graphs disabled, they run eagerly: %s", name, err)
+                stats.families[name] = self.family_stats[name] = FamilyStats(
+                    (), time.perf_counter() - t0, 0, err
+                )
+                continue
+            fs = FamilyStats(
+                tuple(sorted(family.sizes)), time.perf_counter() - t0, self.backend.memory_reserved() - mem0
+            )
+            stats.families[name] = self.family_stats[name] = fs
+            log.info(
+                "captured %d %s graphs (batch %s) in %.2f s, %.1f MiB",
+                len(fs.batch_sizes), name, ",".join(map(str, fs.batch_sizes)), fs.capture_s,
+                fs.pool_bytes / 2**20,
+            )  # fmt: skip
 
     def _capture_prefill(self, pool: object, stats: GraphStats) -> None:
         """The one-row prefill shapes, then those of several rows, each group largest first (one
@@ -280,7 +389,7 @@ class DecodeGraphs:
                 for s in shapes:
                     self._replay.pop(s, None)
                     self.static.pop(s, None)
-                stats.prefill_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                stats.prefill_error = _error_line(exc)
                 log.warning("prefill graphs of %s rows disabled: %s", "one" if shapes[0][0] == 1 else "several",
                             stats.prefill_error)  # fmt: skip
                 break
@@ -319,11 +428,18 @@ class DecodeGraphs:
             logits.copy_(lg)
             argmax.copy_(lg.argmax(-1))
 
-        with pdl_allowed(for_step(b, q)):
-            self._replay[(b, q)] = self.backend.capture(fn, pool, self.install_cut)
+        self._replay[(b, q)] = self._capture(fn, pool, b, q, self.install_cut)
         self.static[(b, q)] = flat
+
+    def _capture(
+        self, fn: Callable[[], None], pool: object, b: int, q: int, install_cut: InstallCut | None
+    ) -> Callable[[], None]:
+        """One graph of a (b, q)-shaped step into `pool` -> its replay."""
+        with pdl_allowed(for_step(b, q)):
+            replay = self.backend.capture(fn, pool, install_cut)
         if isinstance(self.backend, EagerCapture):
             self.backend.captured.append((b, q))
+        return replay
 
     def replay(self, b: int, q: int = 1) -> None:
         """Replay the (b, q) graph on the inputs it last received (timing; no host work)."""
@@ -340,3 +456,8 @@ class DecodeGraphs:
         self.replay(b, q)
         out = self.outputs[q]
         return StepOut(out.hidden[:b], out.logits[:b], out.argmax[:b])  # type: ignore[index]
+
+
+def _error_line(exc: Exception) -> str:
+    """A failed capture's reason in one short line."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ninfer.engine.graphs import CaptureBackend, CudaCapture, DecodeGraphs, GraphStats, InstallCut, StepFn
+from ninfer.engine.graphs import CaptureBackend, GraphStats, InstallCut, StepFn, StepGraphs, default_capture
 from ninfer.engine.pages import pages_for
 from ninfer.engine.plan import DecodePlan, PrefillBatch, PrefillPlan, SlotOp, StepPlan, StepResult
 from ninfer.engine.sampler import LogprobRows, check_drawn, sample_rows_full
@@ -64,9 +64,10 @@ class Runner:
     Shapes are static per batch size: the page table is always `max_pages` wide (the pages of
     one max_context sequence). Decode batches of 1..max_batch rows replay CUDA graphs captured by
     `prepare()` (before the first step) unless `cuda_graphs` is off or the device is the CPU; with
-    a speculative decoder that allows graphs, verification (q = k + 1) is captured too, and the
-    decoder runs every target forward through `forward`. `compile` runs the step through
-    `torch.compile` (inductor, graph breaks allowed).
+    a speculative decoder that allows graphs, verification (q = k + 1) is captured too, as are
+    the drafter's own graphs (one manager, `StepGraphs`), and the decoder runs every target
+    forward through `forward`. `compile` runs the step through `torch.compile` (inductor, graph
+    breaks allowed). Every step goes `launch` -> `resolve` (see `launch`).
     """
 
     def __init__(
@@ -101,8 +102,8 @@ class Runner:
         self.device = device
         self.max_batch = max_batch
         # capture: None = CUDA graphs on a GPU; a backend is given by tests (e.g. EagerCapture)
-        if capture is None and device.type == "cuda":
-            capture = CudaCapture(device)
+        if capture is None:
+            capture = default_capture(device)
         self._capture = capture if cuda_graphs else None
         self._step: StepFn = self._forward_logits
         self._compiled = compile
@@ -111,7 +112,7 @@ class Runner:
             self._step = _compiled(self._forward_logits, max_batch)
         if spec is not None:
             spec.bind(self.forward)
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: StepGraphs | None = None
         self.graph_stats: GraphStats | None = None
         self._on_launch: Callable[[], None] | None = None  # the running launch's (see launch)
         self._prepared = False
@@ -119,8 +120,10 @@ class Runner:
         self._resolved_at = 0.0  # perf_counter of the last `resolve`
 
     def prepare(self) -> GraphStats | None:
-        """Capture the decode graphs; must run before the first step (warm-up writes scratch
-        state). Idempotent; a failed capture leaves decode eager and says why in `graph_stats`."""
+        """Capture every graph through the one manager (`StepGraphs`): the step's decode, verify
+        and prefill shapes and the drafter's proposal graphs; must run before the first step
+        (warm-up writes scratch state). Idempotent; a failed capture leaves its graphs eager and
+        says why in `graph_stats`."""
         if self._prepared:
             return self.graph_stats
         if self._steps:
@@ -134,13 +137,15 @@ class Runner:
         dtype = next(self.model.parameters()).dtype
         verify_q = None if self.spec is None else self.spec.k + 1
         try:
-            graphs = DecodeGraphs(
+            graphs = StepGraphs(
                 self._step, self.max_batch, self.max_pages, cfg.vocab_size, cfg.hidden_size, dtype,
                 self.device, self._capture, verify_q, self._layer_cuts(), self.prefill_shapes,
             )  # fmt: skip
         except Exception as exc:  # e.g. no memory left for the static logits buffer
             self.graph_stats = GraphStats((), 0.0, 0, f"{type(exc).__name__}: {exc}"[:300])
             return self.graph_stats
+        if self.spec is not None:
+            self.spec.add_graphs(graphs)  # the MTP proposal: captured with the step's graphs
         with torch.inference_mode():
             self.graph_stats = graphs.capture()
         if self.graph_stats.error is not None and self._compiled:

@@ -1,7 +1,8 @@
 """MTP draft graphs on the CPU (graphs.EagerCapture stands in for CUDA graphs): the graphed greedy
 proposal equals the eager one token for token (k = 1..5, batch 1 and 8, mixed pending counts, after
 prefill and after partially accepted rounds, full and proposal head); sampled rows and long pending
-runs take the eager path; the engine's greedy outputs with draft graphs equal spec off."""
+runs take the eager path; the engine's greedy outputs with draft graphs equal spec off; the engine
+captures the proposal graphs through the step's one graph manager (one pool, one GraphStats)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 
+from ninfer.engine import engine as engine_module
 from ninfer.engine.api import SamplingParams
 from ninfer.engine.graphs import EagerCapture
 from ninfer.engine.plan import DecodeRow, SlotOp
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
-from ninfer.engine.speculative import build
 from ninfer.engine.speculative.mtp import MTPDrafter, rope_positions
 from tests.speculative.helpers import PROMPTS, draft_head, engine, mtp_model, request, run_batch
 
@@ -190,10 +191,11 @@ def baseline(model) -> list[list[int]]:
 
 @pytest.mark.parametrize(("k", "reduced"), [(1, False), (3, True), (5, False)])
 def test_engine_with_draft_graphs_equals_spec_off(model, head, baseline, monkeypatch, k, reduced) -> None:
-    monkeypatch.setattr(build, "draft_capture", lambda config, device: EagerCapture())
+    monkeypatch.setattr(engine_module, "default_capture", lambda device: EagerCapture())
     eng: Any = engine(model, head if reduced else None, spec_method="mtp", lm_head_draft=reduced,
                       draft_tokens=k)  # fmt: skip
     try:
+        assert eng.wait_prepared(120)  # the runner's graph manager captured the proposal graphs
         drafter = eng.spec.drafter
         assert drafter.graphs is not None and drafter.graph_stats.batch_sizes == tuple(range(1, 9))
         replays = []
@@ -204,3 +206,37 @@ def test_engine_with_draft_graphs_equals_spec_off(model, head, baseline, monkeyp
         assert replays and max(replays) > 1
     finally:
         eng.shutdown(5)
+
+
+def test_one_manager_captures_every_graph_into_one_pool(model, monkeypatch) -> None:
+    """The step's graphs and the drafter's proposal graphs come from one manager: one backend, one
+    pool, and every captured shape (verify, decode, prefill, draft) listed in the one GraphStats."""
+    pools: list[object] = []
+
+    class OnePool(EagerCapture):
+        def new_pool(self) -> object:
+            pools.append(object())
+            return pools[-1]
+
+    backend = OnePool()
+    monkeypatch.setattr(engine_module, "default_capture", lambda device: backend)
+    k = 2
+    eng: Any = engine(model, spec_method="mtp", draft_tokens=k)
+    try:
+        assert eng.wait_prepared(120)
+        stats = eng.graph_stats()
+        drafter = eng.spec.drafter
+    finally:
+        eng.shutdown(5)
+    sizes = list(range(LANES, 0, -1))
+    assert len(pools) == 1
+    assert stats is not None and stats.error is None and stats.prefill_error is None
+    assert stats.verify_batch_sizes == stats.batch_sizes == tuple(range(1, LANES + 1))
+    assert stats.families["draft"].batch_sizes == tuple(range(1, LANES + 1))
+    assert stats.families["draft"].error is None and drafter.graph_stats is stats.families["draft"]
+    assert drafter.graphs is not None and drafter.graphs.manager is eng.runner.graphs
+    n = 2 * LANES
+    assert backend.captured[:n] == [(b, k + 1) for b in sizes] + [(b, 1) for b in sizes]
+    assert sorted(backend.captured[n:-LANES]) == sorted(stats.prefill_shapes)
+    assert backend.captured[-LANES:] == [(b, 1) for b in sizes]  # the proposal graphs, last
+    assert stats.as_dict()["families"]["draft"]["batch_sizes"] == tuple(range(1, LANES + 1))

@@ -13,7 +13,7 @@ import torch
 from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
-from ninfer.engine.graphs import DecodeGraphs, EagerCapture, InstallCut
+from ninfer.engine.graphs import EagerCapture, InstallCut, StepGraphs
 from ninfer.engine.plan import DecodePlan, DecodeRow, PrefillPlan
 from ninfer.engine.runner import MOE_GRAPH_SEGMENTS, Runner
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
@@ -77,7 +77,7 @@ def test_graphs_capture_every_size_largest_first_and_replay_through_static_buffe
 
     backend = EagerCapture()
     cfg = small_model.config
-    graphs = DecodeGraphs(step, 4, 3, cfg.vocab_size, cfg.hidden_size, torch.float32, CPU, backend)
+    graphs = StepGraphs(step, 4, 3, cfg.vocab_size, cfg.hidden_size, torch.float32, CPU, backend)
     stats = graphs.capture()
     assert backend.captured == [(4, 1), (3, 1), (2, 1), (1, 1)] and stats.batch_sizes == (1, 2, 3, 4)
     assert stats.error is None and stats.verify_q is None and stats.verify_batch_sizes == ()

@@ -156,16 +156,16 @@ def test_prefill_graph_shapes_and_grouping() -> None:
 
 
 def test_a_failed_capture_of_several_rows_keeps_the_one_row_prefill_graphs(small_model, monkeypatch) -> None:
-    from ninfer.engine.graphs import DecodeGraphs
+    from ninfer.engine.graphs import StepGraphs
 
-    inner = DecodeGraphs._capture_one
+    inner = StepGraphs._capture_one
 
     def capture_one(self, b: int, q: int, pool: object) -> None:
         if b > 1 and q > 1:
             raise RuntimeError("out of memory (planted)")
         inner(self, b, q, pool)
 
-    monkeypatch.setattr(DecodeGraphs, "_capture_one", capture_one)
+    monkeypatch.setattr(StepGraphs, "_capture_one", capture_one)
     cfg = EngineConfig(max_concurrency=4, max_pending=8, max_context=256, prefill_chunk=64)
     engine, _, _ = _graphed(small_model, cfg, (16, 32))
     engine.shutdown()

@@ -13,7 +13,7 @@ import torch
 from ninfer.engine.api import GenerationRequest
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
-from ninfer.engine.graphs import DecodeGraphs, EagerCapture
+from ninfer.engine.graphs import EagerCapture, StepGraphs
 from ninfer.engine.runner import Runner
 from tests.speculative.helpers import PROMPTS, mtp_model, prompt, request, run_batch
 
@@ -115,7 +115,7 @@ def _graphed(model: Any, config: EngineConfig) -> tuple[Engine, EagerCapture, li
         max_batch=config.max_concurrency, capture=backend, spec=eng.spec,
     )  # fmt: skip
     replays: list[tuple[int, int]] = []
-    inner_run = DecodeGraphs.run
+    inner_run = StepGraphs.run
 
     def run(self, packed, b, q=1, feed=None):
         replays.append((b, q))

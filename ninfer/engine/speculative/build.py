@@ -7,7 +7,6 @@ import torch
 from ninfer.config.groups import DFLASH_MAX_DRAFT, MTP_MAX_DRAFT
 from ninfer.engine.api import EngineConfigError
 from ninfer.engine.config import EngineConfig
-from ninfer.engine.graphs import CaptureBackend, CudaCapture
 from ninfer.engine.slots import SlotLayout
 from ninfer.engine.speculative.decoder import Drafter, SpecDecoder
 from ninfer.engine.speculative.dflash import DFlashEngineDrafter
@@ -69,11 +68,6 @@ def draft_slots(config: EngineConfig) -> int:
     return config.draft_tokens if config.spec_method is not None else 0
 
 
-def draft_capture(config: EngineConfig, device: torch.device) -> CaptureBackend | None:
-    """How the MTP drafter's proposal graphs are captured: CUDA graphs on a GPU unless turned off."""
-    return CudaCapture(device) if device.type == "cuda" and not config.no_cuda_graph else None
-
-
 def build_spec(
     config: EngineConfig,
     model: torch.nn.Module,
@@ -82,12 +76,11 @@ def build_spec(
     layout: SlotLayout,
     max_pages: int,
     draft_head: DraftHead | None = None,
-    capture: CaptureBackend | None = None,
-    graph_pool: object | None = None,
+    graphed: bool = False,
 ) -> SpecDecoder | None:
-    """The decoder for `config.spec_method`, or None when speculation is off. The MTP drafter's
-    proposal graphs are captured here, before any sequence exists (`capture`: the backend, default
-    `draft_capture`; `graph_pool`: a memory pool to share, e.g. the trunk graphs')."""
+    """The decoder for `config.spec_method`, or None when speculation is off. `graphed`: the step
+    graphs are captured (the runner's manager then captures the MTP drafter's proposal graphs
+    too, `SpecDecoder.add_graphs`)."""
     check_spec(config, model, draft_head)
     if config.spec_method is None:
         return None
@@ -112,9 +105,8 @@ def build_spec(
     else:
         mtp = MTPDrafter(
             model, kv.num_pages, layout.num_slots, max_pages, dtype, device, draft_head, config.vocab_limit,
-            draft_tokens=config.draft_tokens, max_batch=layout.lanes,
+            draft_tokens=config.draft_tokens if graphed else None, max_batch=layout.lanes,
         )  # fmt: skip
-        mtp.prepare(capture if capture is not None else draft_capture(config, device), graph_pool)
         drafter = mtp
     # DFlash reads the target's layer outputs through forward hooks, which graph replays skip
     graphable = not isinstance(drafter, DFlashEngineDrafter)

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ninfer.engine.graphs import StepGraphs
 from ninfer.engine.pages import PAGE
 from ninfer.engine.plan import DecodePlan, DecodeRow, SlotOp, StepResult
 from ninfer.engine.sampler import run_masked, sample_rows
@@ -143,6 +144,12 @@ class SpecDecoder:
         bind = getattr(self.drafter, "bind", None)
         if bind is not None:
             bind(forward)
+
+    def add_graphs(self, manager: StepGraphs) -> None:
+        """Let the drafter add its graphs (the MTP proposal) to the runner's step graph manager."""
+        add = getattr(self.drafter, "add_graphs", None)
+        if add is not None:
+            add(manager)
 
     def forward(self, rows: StepRows) -> StepOut:
         if self._forward is None:

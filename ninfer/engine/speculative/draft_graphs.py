@@ -1,4 +1,7 @@
-"""CUDA graphs of the MTP drafter's whole greedy proposal (k drafts in one replay), per batch size.
+"""The MTP drafter's whole greedy proposal (k drafts in one replay) as a graph family of the step
+graph manager (`graphs.StepGraphs.add_family`, name "draft"), per batch size: this module builds
+each size's static inputs and step, packs the lanes and reads the drafts; the manager captures,
+pools, accounts and replays the graphs with the step's own.
 
 One replay per round: the first step over every lane's pending rows, padded to a static m = k + 1
 rows per lane, the MTP hidden picked at each lane's own last real row (a device gather by index),
@@ -19,21 +22,18 @@ Padding rows carry token 0, hidden zeros and rotary position 0: finite, so their
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ninfer.engine.graphs import CaptureBackend, EagerCapture, GraphStats
+from ninfer.engine.graphs import FamilyStats, StepGraphs
 from ninfer.engine.step_io import host_buffer
-from ninfer.kernels.launch_scope import for_step, pdl_allowed
 from ninfer.model.cache import ForwardBatch, KVPool
 from ninfer.model.config import PAGE_SIZE
 
-log = logging.getLogger("ninfer.engine.speculative.draft_graphs")
+DRAFT = "draft"  # the family's name in the manager and in `GraphStats.families`
 
 GreedyFn = Callable[[torch.Tensor], torch.Tensor]  # MTP hidden [B, H] -> draft token ids [B] int64
 
@@ -57,8 +57,8 @@ def packed_len(b: int, m: int, max_pages: int) -> int:
     return b * m + 4 * b + -(-b * max_pages // 2)
 
 
-class DraftGraphs:
-    """One captured greedy proposal of k drafts per exact batch size, sharing one memory pool."""
+class DraftFamily:
+    """The greedy proposal of k drafts per exact batch size, captured by the step graph manager."""
 
     def __init__(
         self,
@@ -71,14 +71,14 @@ class DraftGraphs:
         hidden_size: int,
         dtype: torch.dtype,
         device: torch.device,
-        backend: CaptureBackend,
+        manager: StepGraphs,
     ) -> None:
         if k < 1:
             raise ValueError(f"draft graphs need k >= 1, got {k}")
         self.mtp, self.kv, self.greedy = mtp, kv, greedy
         self.k, self.m = k, k + 1
         self.max_batch, self.max_pages = max_batch, max_pages
-        self.device, self.backend = device, backend
+        self.device, self.manager = device, manager
         self.hidden = torch.zeros(max_batch * self.m, hidden_size, dtype=dtype, device=device)  # [Bmax*m, H]
         self.drafts = torch.zeros(max_batch, k, dtype=torch.int64, device=device)  # [Bmax, k]
         self._pad_hidden = torch.zeros(self.m, hidden_size, dtype=dtype, device=device)  # [m, H]
@@ -87,47 +87,36 @@ class DraftGraphs:
         self._zeros = torch.zeros(max_batch, dtype=torch.int64, device=device)  # [Bmax] unused GDN slots
         self.static: dict[int, torch.Tensor] = {}  # B -> device [packed_len(B, m, max_pages)]
         self.rope: dict[int, torch.Tensor] = {}  # B -> device [3, B, m]
-        self._replay: dict[int, Callable[[], None]] = {}
         self._cut: Callable[[], None] | None = None  # set while capturing: one graph per draft step
 
     def has(self, b: int) -> bool:
-        return b in self._replay
+        return self.manager.has_family(DRAFT, b)
+
+    @property
+    def captured(self) -> bool:
+        return self.manager.has_family(DRAFT)
+
+    @property
+    def stats(self) -> FamilyStats | None:
+        """The family's capture in the manager's stats (None before its capture)."""
+        return self.manager.family_stats.get(DRAFT)
 
     def fits(self, lane: DraftLane) -> bool:
         """Whether the replay serves this lane: 1..m pending rows, pages for position + k + 1."""
         n = len(lane.tokens)
         return 1 <= n <= self.m and lane.position + self.k + 1 <= len(lane.pages) * PAGE_SIZE
 
-    # ----- capture -----
-    def capture(self, sizes: Iterable[int] | None = None, pool: object | None = None) -> GraphStats:
-        """Capture every size (largest first). Warm-up runs write scratch MTP K/V into page 0:
-        call before any sequence exists."""
+    # ----- capture (by the manager) -----
+    def register(self, sizes: Iterable[int] | None = None) -> None:
+        """Add every size (default 1..max_batch) to the manager's capture. Its warm-up runs write
+        scratch MTP K/V into page 0: the manager captures before any sequence exists."""
         order = sorted(set(range(1, self.max_batch + 1) if sizes is None else sizes), reverse=True)
         if order and not 1 <= order[-1] <= order[0] <= self.max_batch:
             raise ValueError(f"batch sizes must lie in 1..{self.max_batch}, got {order}")
-        t0 = time.perf_counter()
-        mem0 = self.backend.memory_reserved()
-        pool = self.backend.new_pool() if pool is None else pool
-        try:
-            for b in order:
-                self._capture_one(b, pool)
-        except Exception as exc:  # e.g. an op that synchronizes: drafting runs eagerly instead
-            self.static.clear()
-            self._replay.clear()
-            err = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-            log.warning("MTP draft graphs disabled, drafting runs eagerly: %s", err)
-            return GraphStats((), time.perf_counter() - t0, 0, err)
-        stats = GraphStats(
-            tuple(sorted(order)), time.perf_counter() - t0, self.backend.memory_reserved() - mem0
-        )
-        log.info(
-            "captured %d MTP draft graphs (k=%d, batch %s) in %.2f s, %.1f MiB",
-            len(order), self.k, ",".join(map(str, stats.batch_sizes)), stats.capture_s,
-            stats.pool_bytes / 2**20,
-        )  # fmt: skip
-        return stats
+        self.manager.add_family(DRAFT, order, self._build, self._install_cut)
 
-    def _capture_one(self, b: int, pool: object) -> None:
+    def _build(self, b: int) -> Callable[[], None]:
+        """The batch-b proposal over its static inputs (scratch: every lane on page 0)."""
         m, k, mp = self.m, self.k, self.max_pages
         flat = torch.zeros(packed_len(b, m, mp), dtype=torch.int64, device=self.device)
         n = b * m
@@ -142,6 +131,8 @@ class DraftGraphs:
         positions, rope_base = flat[n + 2 * b : n + 3 * b], flat[n + 3 * b : n + 4 * b]  # [B], [B]
         hidden = self.hidden[:n].view(b, m, -1)  # [B, m, H]
         drafts, rows, slots = self.drafts[:b], self._rows[:b], self._zeros[:b]
+        self.static[b] = flat
+        self.rope[b] = rope
 
         def fn() -> None:
             first = ForwardBatch(ids, rope, slots, table, starts)  # max_kv_len None: static width
@@ -157,12 +148,7 @@ class DraftGraphs:
                 step = ForwardBatch(tok[:, None], pos, slots, table, positions + j)
                 x = self.mtp(step, x[:, None], self.kv)[:, 0]  # [B, H]
 
-        with pdl_allowed(for_step(b, 1)):
-            self._replay[b] = self.backend.capture(fn, pool, self._install_cut)
-        self.static[b] = flat
-        self.rope[b] = rope
-        if isinstance(self.backend, EagerCapture):
-            self.backend.captured.append((b, 1))
+        return fn
 
     def _install_cut(self, cut: Callable[[], None] | None) -> None:
         self._cut = cut
@@ -170,7 +156,7 @@ class DraftGraphs:
     # ----- replay -----
     def replay(self, b: int) -> None:
         """Replay the batch-b proposal on the inputs it last received (timing; no host work)."""
-        self._replay[b]()
+        self.manager.replay_family(DRAFT, b)
 
     @torch.inference_mode()
     def run(self, lanes: Sequence[DraftLane]) -> list[list[int]]:
@@ -202,5 +188,5 @@ class DraftGraphs:
         self.static[b].copy_(host, non_blocking=True)
         torch.cat(hid, out=self.hidden[:n])  # [B*m, H]
         torch.cat(rope, dim=1, out=self.rope[b].view(3, n))  # [3, B*m]
-        self._replay[b]()
+        self.replay(b)
         return self.drafts[:b].tolist()

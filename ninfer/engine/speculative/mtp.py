@@ -12,7 +12,8 @@ the state pool's, so every retained state carries what the drafter needs to cont
 and a reused prefix needs no rebuild. Pending hidden rows are the drafter's own device copies
 (never views of a caller's buffer), shared by reference between slots and never written in place.
 
-Plain greedy rounds replay one captured graph of the whole proposal (`draft_graphs.py`); the eager
+Plain greedy rounds replay one captured graph of the whole proposal (`draft_graphs.py`: a family
+the drafter adds to the step graph manager, `add_graphs`, captured with the step's graphs); the eager
 steps stay the reference and serve sampled rows. Eager steps draft constrained rows under their
 grammar masks (`rejection.draft_step`); the graph drafts them unmasked (verification masks them,
 so only acceptance can differ), so a constrained row never costs the others the graph.
@@ -26,10 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.engine.graphs import CaptureBackend, GraphStats
+from ninfer.engine.graphs import CaptureBackend, FamilyStats, StepGraphs
 from ninfer.engine.plan import DecodeRow, SlotOp
 from ninfer.engine.sampler import rewind
-from ninfer.engine.speculative.draft_graphs import DraftGraphs, DraftLane
+from ninfer.engine.speculative.draft_graphs import DraftFamily, DraftLane
 from ninfer.engine.speculative.draft_head import DraftHead
 from ninfer.engine.speculative.rejection import draft_step, plain_greedy
 from ninfer.model.cache import KVPool, make_batch
@@ -103,28 +104,44 @@ class MTPDrafter:
         self.device = device
         self.head = head
         self.vocab_limit = vocab_limit
-        self.draft_tokens = draft_tokens  # the k the draft graphs are captured for
+        self.draft_tokens = draft_tokens  # the k the draft graphs are captured for (None: no graphs)
         self.max_batch = max_batch
-        self.graphs: DraftGraphs | None = None
-        self.graph_stats: GraphStats | None = None
+        self._family: DraftFamily | None = None
 
-    def prepare(
-        self, backend: CaptureBackend | None, pool: object | None = None, sizes: list[int] | None = None
-    ) -> GraphStats | None:
-        """Capture the greedy proposal graphs (batch 1..max_batch, or `sizes`) before any sequence
-        exists: warm-up writes scratch MTP K/V into page 0. Idempotent; a failed capture leaves
-        drafting eager and says why in `graph_stats`."""
+    @property
+    def graphs(self) -> DraftFamily | None:
+        """The proposal graphs, once captured (None: drafting runs the eager steps)."""
+        family = self._family
+        return family if family is not None and family.captured else None
+
+    @property
+    def graph_stats(self) -> FamilyStats | None:
+        """What capturing the proposal graphs cost, or why they are off (None: not captured)."""
+        return None if self._family is None else self._family.stats
+
+    def add_graphs(self, manager: StepGraphs, sizes: list[int] | None = None) -> None:
+        """Add the greedy proposal graphs (batch 1..max_batch, or `sizes`) to the step graph
+        manager, which captures them with its own before any sequence exists (warm-up writes
+        scratch MTP K/V into page 0). Nothing without a k (`draft_tokens`)."""
+        if self.draft_tokens is None:
+            return
+        family = DraftFamily(
+            self.mtp, self.kv, self._greedy, self.draft_tokens, self.max_batch, self.max_pages,
+            self.mtp.config.hidden_size, self.mtp.fc.weight.dtype, self.device, manager,
+        )  # fmt: skip
+        family.register(sizes)
+        self._family = family
+
+    def prepare(self, backend: CaptureBackend | None, sizes: list[int] | None = None) -> FamilyStats | None:
+        """Capture the proposal graphs alone, through a manager of this family only (benchmarks,
+        tests; the engine's runner adds them to its own manager). Idempotent; a failed capture
+        leaves drafting eager and says why in `graph_stats`."""
         if self.graph_stats is not None or backend is None or self.draft_tokens is None:
             return self.graph_stats
-        dtype = self.mtp.fc.weight.dtype
-        graphs = DraftGraphs(
-            self.mtp, self.kv, self._greedy, self.draft_tokens, self.max_batch, self.max_pages,
-            self.mtp.config.hidden_size, dtype, self.device, backend,
-        )  # fmt: skip
+        manager = StepGraphs.families_only(backend, self.device)
+        self.add_graphs(manager, sizes)
         with torch.inference_mode(), _on(self.device):
-            self.graph_stats = graphs.capture(sizes, pool)
-        if self.graph_stats.error is None:
-            self.graphs = graphs
+            manager.capture()
         return self.graph_stats
 
     # ----- state mirroring -----
