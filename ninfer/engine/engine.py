@@ -405,12 +405,7 @@ class Engine:
         while True:
             nxt = None
             try:
-                if (
-                    ahead
-                    and isinstance(plan, DecodePlan)
-                    and runner.can_launch_ahead(plan)
-                    and self._rounds_continue(plan)
-                ):
+                if ahead and runner.can_launch_ahead(plan) and self._rounds_continue(plan):
                     nxt = runner.launch(_next_round(plan), feed=cur, on_launch=self._outbox.flush)
                 result = runner.resolve(cur)
             except Exception as exc:

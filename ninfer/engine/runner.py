@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 
@@ -186,7 +186,7 @@ class Runner:
 
         return install
 
-    def can_launch_ahead(self, plan: StepPlan) -> bool:
+    def can_launch_ahead(self, plan: StepPlan) -> TypeGuard[DecodePlan]:
         """Whether `launch` can feed this plan's next round its inputs on the device: a plain
         decode round (no speculative decoder) with no row whose logits depend on its tokens on
         the host (penalties, grammar masks) or that reads logprobs back."""
@@ -210,9 +210,12 @@ class Runner:
         are the host's work), so host work on the caller's side overlaps the GPU; at the latest
         before returning."""
         if feed is not None:
-            if not isinstance(plan, DecodePlan) or not self.can_launch_ahead(plan) or feed.tokens is None:
+            fed_by = feed.plan
+            if not (
+                self.can_launch_ahead(plan) and isinstance(fed_by, DecodePlan) and feed.tokens is not None
+            ):
                 raise ValueError("only plain decode rounds are fed by the round before them")
-            if [r.seq_id for r in feed.plan.rows] != [r.seq_id for r in plan.rows]:  # type: ignore[union-attr]
+            if [r.seq_id for r in fed_by.rows] != [r.seq_id for r in plan.rows]:
                 raise ValueError("a fed round must have the rows of the round that feeds it, in order")
         t0 = self._begin()
         self._on_launch = on_launch
