@@ -2,7 +2,8 @@
 token (MTP k = 1..3, the oracle drafter with every draft right and with wrong drafts the grammar
 refuses; DFlash k = 3), thinking on and off, for a JSON schema and a forced tool call, constrained and free rows
 in one batch; the answers validate; seeded sampling with speculation stays inside the grammar; the
-verification masks are exactly the masks the plain path applies after the drafts are committed."""
+verification masks are exactly the masks the plain path applies after the drafts are committed;
+greedy logprobs with speculation equal spec off."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from ninfer.engine.grammar import Grammars
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling, run_masked
 from ninfer.frontend.conversation import Tool
 from ninfer.frontend.parser import parse_text
-from tests.speculative.helpers import VOCAB, mtp_model, prompt, run_batch
+from tests.speculative.helpers import VOCAB, assert_same_logprobs, mtp_model, prompt, run_batch, run_logprobs
 
 THINK_END, STOPS = 509, (510, 511)  # the tiny model's stop ids are its last two
 SCHEMA = {
@@ -100,29 +101,41 @@ def _engine(model: Any, grammars: Grammars, **kw: Any) -> Engine:
     return Engine(model, replace(base, **kw), None, grammars=grammars).start()
 
 
-def _requests(temperature: float = 0.0, seed: int | None = None) -> list[GenerationRequest]:
+def _requests(
+    temperature: float = 0.0, seed: int | None = None, logprobs: int | None = None
+) -> list[GenerationRequest]:
     """The four constrained cases, then one free request (both share the batch)."""
     reqs = [
         GenerationRequest(
             "r",
             p,
-            SamplingParams(max_tokens=128 if spec is TOOL_SPEC else 64, temperature=temperature, seed=seed),
+            SamplingParams(
+                max_tokens=128 if spec is TOOL_SPEC else 64,
+                temperature=temperature,
+                seed=seed,
+                logprobs=logprobs,
+            ),
             thinking=thinking,
             constraint=spec,
         )
         for p, (spec, thinking) in zip(PROMPTS, CASES, strict=False)
     ]
-    free = SamplingParams(max_tokens=24, temperature=temperature, seed=seed, ignore_eos=True)
+    free = SamplingParams(
+        max_tokens=24, temperature=temperature, seed=seed, ignore_eos=True, logprobs=logprobs
+    )
     return [*reqs, GenerationRequest("r", PROMPTS[-1], free)]
 
 
-def _run(model: Any, grammars: Grammars, reqs: list[GenerationRequest], **kw: Any) -> list[Any]:
+def _run(
+    model: Any, grammars: Grammars, reqs: list[GenerationRequest], collect: Any = run_batch, **kw: Any
+) -> list[Any]:
+    """`collect(engine, reqs)` (default `run_batch`) on an engine with `kw` set."""
     eng = _engine(model, grammars, **kw)
     try:
         for r in reqs:  # a speculative engine compiles the grammar, as any engine with a tokenizer
             if r.constraint is not None:
                 eng.check_constraint(r.constraint)
-        return run_batch(eng, reqs)
+        return collect(eng, reqs)
     finally:
         eng.shutdown(5)
 
@@ -175,6 +188,28 @@ def test_oracle_greedy_constrained_equals_spec_off(model, grammars, baseline, k:
         assert accepted / drafted > 0.85  # only each request's last round is cut by its stop
     else:
         assert 0.1 < accepted / drafted < 0.7
+
+
+@pytest.mark.parametrize(("k", "wrong"), [(3, None), (2, 0.5)])
+def test_greedy_constrained_logprobs_equal_spec_off(model, grammars, k: int, wrong: float | None) -> None:
+    """Each committed token's logprobs come from the masked logits of its position: the same
+    entries, alternatives the grammar refuses included, as spec off."""
+    reqs = _requests(logprobs=4)
+    want = _run(model, grammars, reqs, run_logprobs)
+    got = _run(
+        model,
+        grammars,
+        reqs,
+        run_logprobs,
+        spec_method="mtp",
+        draft_tokens=k,
+        spec_oracle_wrong_fraction=wrong,
+    )
+    assert sum(st.speculative["accepted_tokens"] for _, _, st in got) > 0
+    for (wt, wl, _), (gt, gl, _) in zip(want, got, strict=True):
+        assert gt == wt and len(wl) == len(wt)
+        assert_same_logprobs(gl, wl)
+    assert any(v == float("-inf") for _, lps, _ in got for lp in lps for _, v in lp.top)
 
 
 @pytest.mark.parametrize("method", ["mtp", "oracle"])
