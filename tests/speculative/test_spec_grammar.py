@@ -3,7 +3,8 @@ token (MTP k = 1..3, the oracle drafter with every draft right and with wrong dr
 refuses; DFlash k = 3), thinking on and off, for a JSON schema and a forced tool call, constrained and free rows
 in one batch; the answers validate; seeded sampling with speculation stays inside the grammar; the
 verification masks are exactly the masks the plain path applies after the drafts are committed;
-greedy logprobs with speculation equal spec off."""
+greedy logprobs with speculation equal spec off; with the MTP proposal graph, constrained rows are
+drafted under their masks (every draft admissible) while free rows replay the graph."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from ninfer.engine.api import ConstraintSpec, GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.grammar import Grammars
+from ninfer.engine.graphs import EagerCapture
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling, run_masked
+from ninfer.engine.speculative import build
 from ninfer.frontend.conversation import Tool
 from ninfer.frontend.parser import parse_text
 from tests.speculative.helpers import VOCAB, assert_same_logprobs, mtp_model, prompt, run_batch, run_logprobs
@@ -172,6 +175,45 @@ def baseline(model, grammars, tokenizer) -> list[list[int]]:
 def test_mtp_greedy_constrained_equals_spec_off(model, grammars, baseline, k: int) -> None:
     out = _run(model, grammars, _requests(), spec_method="mtp", draft_tokens=k)
     assert [t for t, _, _ in out] == baseline
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_mtp_draft_graphs_propose_admissible_drafts(model, grammars, baseline, monkeypatch, k: int) -> None:
+    """With the proposal graph (EagerCapture stands in for CUDA graphs on the CPU), constrained rows
+    are drafted step by step under their masks: each draft is admitted by the row's grammar after
+    the drafts before it, while the free row still replays the graph; output equals spec off."""
+    monkeypatch.setattr(build, "draft_capture", lambda config, device: EagerCapture())
+    replays: list[int] = []
+    drafts: list[list[int]] = []  # the constrained rows' proposals
+    refused: list[list[int]] = []
+
+    def collect(eng: Any, reqs: list[GenerationRequest]) -> list[Any]:
+        drafter = eng.spec.drafter
+        assert drafter.graphs is not None
+        run, propose = drafter.graphs.run, drafter.propose
+
+        def checked(rows: list[Any], k: int) -> list[Any]:
+            out = propose(rows, k)
+            for r, p in zip(rows, out, strict=True):
+                con = r.sampler.constraint
+                if con is None:
+                    continue
+                drafts.append(p.tokens)
+                try:
+                    if not all(con.advance(d) for d in p.tokens):
+                        refused.append(p.tokens)
+                finally:
+                    con.rewind()
+            return out
+
+        drafter.graphs.run = lambda lanes: replays.append(len(lanes)) or run(lanes)
+        drafter.propose = checked
+        return run_batch(eng, reqs)
+
+    out = _run(model, grammars, _requests(), collect, spec_method="mtp", draft_tokens=k)
+    assert [t for t, _, _ in out] == baseline
+    assert drafts and not refused, refused[:5]
+    assert replays and max(replays) == 1  # the free row alone: constrained rows never take the graph
 
 
 @pytest.mark.parametrize(("k", "wrong"), [(3, 0.0), (2, 0.5)])
