@@ -27,8 +27,9 @@ SPECS: dict[str, dict[str, Any]] = {
     "mtp": {"spec_method": "mtp", "draft_tokens": 3},
     "oracle": {"spec_method": "mtp", "draft_tokens": 4, "spec_oracle_wrong_fraction": 0.3},
 }
-# a 60-token prompt leaves no room for k+1 verify rows in its first page: plain steps in the round
-REQ_PROMPTS = [*PROMPTS[:3], prompt(60, 77)]
+# (prompt, max_tokens): a 60-token prompt with 4 tokens fits one page, which leaves no room for k+1
+# verify rows near its end: plain steps inside the rounds
+REQ_PROMPTS = [*((p, 24) for p in PROMPTS), (prompt(60, 77), 24), (prompt(60, 78), 4)]
 Outputs = list[tuple[list[int], list[TokenLogprob], RequestStats]]
 
 
@@ -40,7 +41,7 @@ def model():
 def _generate(model: Any, params: dict[str, Any], **kw: Any) -> Outputs:
     eng = engine(model, **kw)
     try:
-        return run_logprobs(eng, [request(p, **params) for p in REQ_PROMPTS])
+        return run_logprobs(eng, [request(p, n, **params) for p, n in REQ_PROMPTS])
     finally:
         eng.shutdown(5)
 
@@ -59,6 +60,7 @@ def test_greedy_logprobs_equal_spec_off(model, spec: str, params: dict[str, Any]
     want = _generate(model, params)
     got = _generate(model, params, **SPECS[spec])
     assert _accepted(got) > 0  # committed drafts report logprobs too
+    assert got[-1][2].speculative["fallback_steps"] > 0  # and plain steps inside a round
     for (wt, wl, _), (gt, gl, _) in zip(want, got, strict=True):
         assert gt == wt and len(wl) == len(wt)
         assert_same_logprobs(gl, wl)
@@ -78,5 +80,5 @@ def test_logprobs_match_torch_reference(model, spec: str, params: dict[str, Any]
     ref = LLM.from_model(model)
     out = _generate(model, {**params, "seed": 5}, **SPECS[spec])
     assert _accepted(out) > 0
-    for p, (tokens, lps, _) in zip(REQ_PROMPTS, out, strict=True):
+    for (p, _), (tokens, lps, _) in zip(REQ_PROMPTS, out, strict=True):
         check_against_reference(ref, list(p), tokens, lps, request(p, **params).params)
