@@ -61,7 +61,11 @@ class Committer:
                 continue
             rows += 1
             run = [result.tokens[i]] if spec is None else spec.runs[i]
-            lp = result.logprobs[i] if result.logprobs and spec is None else None
+            lps: list[TokenLogprob] | list[TokenLogprob | None] | None
+            if spec is None:
+                lps = [result.logprobs[i]] if result.logprobs else None
+            else:
+                lps = spec.logprobs[i] if spec.logprobs else None
             if spec is not None:
                 spec_counters.begin_row(seq.stats.speculative, spec.drafted[i])
             n = 0  # a speculative run commits until the request finishes (stop or length)
@@ -70,7 +74,7 @@ class Committer:
                     spec_counters.commit_draft(seq.stats.speculative, n)
                 self.scheduler.decode_fed(seq)
                 n += 1
-                if self.token(seq, token, now, ahead, lp):
+                if self.token(seq, token, now, ahead, None if lps is None else lps[n - 1]):
                     break
             decoded += n
             retained = seq.lane is not None and seq.lane.computed > 0

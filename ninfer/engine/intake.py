@@ -68,8 +68,6 @@ def prepare(
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if params.logprobs is not None and not 0 <= params.logprobs <= 20:
         raise ValueError(f"logprobs must be in [0, 20], got {params.logprobs}")
-    if spec is not None and params.logprobs is not None:
-        raise ValueError("logprobs are not supported with speculative decoding")
     preset = config.thinking_preset if request.thinking else config.non_thinking_preset
     resolved = resolve_sampling(params, preset, config.sampling)
     stop_ids = frozenset(params.stop_token_ids) if params.stop_token_ids is not None else default_stop_ids

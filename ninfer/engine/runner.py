@@ -13,7 +13,7 @@ import torch
 from ninfer.engine.graphs import CaptureBackend, GraphStats, InstallCut, StepFn, StepGraphs, default_capture
 from ninfer.engine.pages import pages_for
 from ninfer.engine.plan import DecodePlan, PrefillBatch, PrefillPlan, SlotOp, StepPlan, StepResult
-from ninfer.engine.sampler import LogprobRows, check_drawn, sample_rows_full
+from ninfer.engine.sampler import LogprobRows, check_drawn, sample_rows_full, sample_with_logprobs
 from ninfer.engine.step_io import StepOut, StepRows, host_buffer, pack, pack_rows, packed_len, unpack
 from ninfer.model.cache import ForwardBatch, KVPool, StatePool
 from ninfer.model.config import TextConfig
@@ -440,9 +440,7 @@ def _first_tokens(plans: Sequence[PrefillPlan], logits: torch.Tensor) -> StepRes
     logprobs when the request asked for them)."""
     rows = [p.sampler for p in plans if p.sampler is not None]
     assert len(rows) == len(plans), "only a prompt's last chunk samples"
-    toks, bad, lp_rows = sample_rows_full(logits, rows)
-    tokens = toks.tolist() if bad is None else check_drawn(torch.cat([toks, bad]).tolist())
-    lp = None if lp_rows is None else lp_rows.read(tokens, rows, len(rows))
+    tokens, lp = sample_with_logprobs(logits, rows)
     return StepResult(seq_ids=[p.seq_id for p in plans], tokens=tokens, logprobs=lp)
 
 

@@ -446,6 +446,15 @@ def logprob_rows(
     )
 
 
+def sample_with_logprobs(
+    logits: torch.Tensor, samplers: list[RowSampler], argmax: torch.Tensor | None = None
+) -> tuple[list[int], list[TokenLogprob | None] | None]:
+    """`sample_rows` and, when a row asked for them, each row's logprobs (None for the others)."""
+    tokens, bad, lp = sample_rows_full(logits, samplers, argmax)
+    out = tokens.tolist() if bad is None else check_drawn(torch.cat([tokens, bad]).tolist())
+    return out, None if lp is None else lp.read(out, samplers, len(out))
+
+
 def sample_rows_device(
     logits: torch.Tensor, samplers: list[RowSampler], argmax: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

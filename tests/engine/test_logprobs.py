@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
+from ninfer.engine.api import GenerationRequest, SamplingParams, TokenLogprob
 from ninfer.offline import LLM
 from tests.engine.tiny import make_engine
 
@@ -49,16 +49,28 @@ def test_logprobs_match_torch_reference(small_model, params: SamplingParams) -> 
     for prompt, steps in zip(prompts, outs, strict=True):
         tokens = [t for s in steps for t in s.token_ids]
         lps = [lp for s in steps for lp in (s.logprobs or ())]
-        assert len(lps) == len(tokens) == params.max_tokens
-        want = _reference(ref, prompt, tokens, params)
-        for i, lp in enumerate(lps):
-            assert lp.token_id == tokens[i]
-            assert lp.logprob == pytest.approx(float(want[i, tokens[i]]), abs=2e-4)
-            top_vals, top_ids = torch.topk(want[i], params.logprobs or 0)
-            assert [t for t, _ in lp.top] == top_ids.tolist()
-            assert [v for _, v in lp.top] == pytest.approx(top_vals.tolist(), abs=2e-4)
-            if params.temperature == 0.0:
-                assert lp.top[0][0] == tokens[i]
+        assert len(tokens) == params.max_tokens
+        check_against_reference(ref, prompt, tokens, lps, params)
+
+
+def check_against_reference(
+    ref: LLM, prompt: list[int], tokens: list[int], lps: list[TokenLogprob], params: SamplingParams
+) -> None:
+    """One logprob per token, each (and its top alternatives) equal to the reference's: the
+    alternatives are distinct tokens whose reference logprobs are the reported values and the
+    reference's top-k values (the same tokens, but for the order of near-ties)."""
+    assert len(lps) == len(tokens)
+    want = _reference(ref, prompt, tokens, params)
+    for i, lp in enumerate(lps):
+        assert lp.token_id == tokens[i]
+        assert lp.logprob == pytest.approx(float(want[i, tokens[i]]), abs=2e-4)
+        top_vals = torch.topk(want[i], params.logprobs or 0).values.tolist()
+        ids, vals = [t for t, _ in lp.top], [v for _, v in lp.top]
+        assert len(set(ids)) == len(ids)
+        assert vals == pytest.approx(top_vals, abs=2e-4)
+        assert [float(want[i, t]) for t in ids] == pytest.approx(vals, abs=2e-4)
+        if params.temperature == 0.0 and lp.top:
+            assert lp.top[0][0] == tokens[i]
 
 
 def test_no_logprobs_unless_asked(small_model) -> None:

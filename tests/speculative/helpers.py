@@ -8,10 +8,11 @@ from dataclasses import replace
 from itertools import pairwise
 from typing import Any
 
+import pytest
 import torch
 
 from ninfer.artifact.shapes import mtp_shapes, text_shapes
-from ninfer.engine.api import GenerationRequest, RequestStats, SamplingParams
+from ninfer.engine.api import GenerationRequest, RequestStats, SamplingParams, TokenLogprob
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.speculative.draft_head import DraftHead
@@ -79,6 +80,33 @@ def run_batch(eng: Any, reqs: Sequence[GenerationRequest]) -> list[tuple[list[in
             tokens, last = h.result(120)
             out.append((tokens, h.stats, last))
     return out
+
+
+def run_logprobs(
+    eng: Any, reqs: Sequence[GenerationRequest]
+) -> list[tuple[list[int], list[TokenLogprob], RequestStats]]:
+    """Submit all, then collect: (tokens, logprobs of every output, stats) per request."""
+    handles = [eng.submit(eng.reserve(), r) for r in reqs]
+    out = []
+    for h in handles:
+        with h:
+            steps = list(h)
+            tokens = [t for s in steps for t in s.token_ids]
+            out.append((tokens, [lp for s in steps for lp in (s.logprobs or ())], h.stats))
+    return out
+
+
+def assert_same_logprobs(got: Sequence[TokenLogprob], want: Sequence[TokenLogprob]) -> None:
+    """Same tokens, logprobs and top alternatives (up to float32 rounding between a verify forward
+    and single-token steps); alternatives a grammar masks out (-inf, tied) compare by count."""
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert a.token_id == b.token_id
+        assert a.logprob == pytest.approx(b.logprob, abs=2e-4)
+        fa = [(t, v) for t, v in a.top if v > float("-inf")]
+        fb = [(t, v) for t, v in b.top if v > float("-inf")]
+        assert len(a.top) == len(b.top) and [t for t, _ in fa] == [t for t, _ in fb]
+        assert [v for _, v in fa] == pytest.approx([v for _, v in fb], abs=2e-4)
 
 
 def check_counters(stats: RequestStats, k: int, backend: str) -> dict:

@@ -2,7 +2,9 @@
 token (MTP k = 1..3, the oracle drafter with every draft right and with wrong drafts the grammar
 refuses; DFlash k = 3), thinking on and off, for a JSON schema and a forced tool call, constrained and free rows
 in one batch; the answers validate; seeded sampling with speculation stays inside the grammar; the
-verification masks are exactly the masks the plain path applies after the drafts are committed."""
+verification masks are exactly the masks the plain path applies after the drafts are committed;
+greedy logprobs with speculation equal spec off; with the MTP proposal graph, constrained rows are
+drafted under their masks (every draft admissible) while free rows replay the graph."""
 
 from __future__ import annotations
 
@@ -18,14 +20,16 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from ninfer.api.tool_control import ToolControl, answer_constraint
+from ninfer.engine import engine as engine_module
 from ninfer.engine.api import ConstraintSpec, GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.grammar import Grammars
+from ninfer.engine.graphs import EagerCapture
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling, run_masked
 from ninfer.frontend.conversation import Tool
 from ninfer.frontend.parser import parse_text
-from tests.speculative.helpers import VOCAB, mtp_model, prompt, run_batch
+from tests.speculative.helpers import VOCAB, assert_same_logprobs, mtp_model, prompt, run_batch, run_logprobs
 
 THINK_END, STOPS = 509, (510, 511)  # the tiny model's stop ids are its last two
 SCHEMA = {
@@ -100,29 +104,41 @@ def _engine(model: Any, grammars: Grammars, **kw: Any) -> Engine:
     return Engine(model, replace(base, **kw), None, grammars=grammars).start()
 
 
-def _requests(temperature: float = 0.0, seed: int | None = None) -> list[GenerationRequest]:
+def _requests(
+    temperature: float = 0.0, seed: int | None = None, logprobs: int | None = None
+) -> list[GenerationRequest]:
     """The four constrained cases, then one free request (both share the batch)."""
     reqs = [
         GenerationRequest(
             "r",
             p,
-            SamplingParams(max_tokens=128 if spec is TOOL_SPEC else 64, temperature=temperature, seed=seed),
+            SamplingParams(
+                max_tokens=128 if spec is TOOL_SPEC else 64,
+                temperature=temperature,
+                seed=seed,
+                logprobs=logprobs,
+            ),
             thinking=thinking,
             constraint=spec,
         )
         for p, (spec, thinking) in zip(PROMPTS, CASES, strict=False)
     ]
-    free = SamplingParams(max_tokens=24, temperature=temperature, seed=seed, ignore_eos=True)
+    free = SamplingParams(
+        max_tokens=24, temperature=temperature, seed=seed, ignore_eos=True, logprobs=logprobs
+    )
     return [*reqs, GenerationRequest("r", PROMPTS[-1], free)]
 
 
-def _run(model: Any, grammars: Grammars, reqs: list[GenerationRequest], **kw: Any) -> list[Any]:
+def _run(
+    model: Any, grammars: Grammars, reqs: list[GenerationRequest], collect: Any = run_batch, **kw: Any
+) -> list[Any]:
+    """`collect(engine, reqs)` (default `run_batch`) on an engine with `kw` set."""
     eng = _engine(model, grammars, **kw)
     try:
         for r in reqs:  # a speculative engine compiles the grammar, as any engine with a tokenizer
             if r.constraint is not None:
                 eng.check_constraint(r.constraint)
-        return run_batch(eng, reqs)
+        return collect(eng, reqs)
     finally:
         eng.shutdown(5)
 
@@ -161,6 +177,46 @@ def test_mtp_greedy_constrained_equals_spec_off(model, grammars, baseline, k: in
     assert [t for t, _, _ in out] == baseline
 
 
+@pytest.mark.parametrize("k", [2, 3])
+def test_mtp_draft_graphs_propose_admissible_drafts(model, grammars, baseline, monkeypatch, k: int) -> None:
+    """With the proposal graph (EagerCapture stands in for CUDA graphs on the CPU), constrained rows
+    are drafted step by step under their masks: each draft is admitted by the row's grammar after
+    the drafts before it, while the free row still replays the graph; output equals spec off."""
+    monkeypatch.setattr(engine_module, "default_capture", lambda device: EagerCapture())
+    replays: list[int] = []
+    drafts: list[list[int]] = []  # the constrained rows' proposals
+    refused: list[list[int]] = []
+
+    def collect(eng: Any, reqs: list[GenerationRequest]) -> list[Any]:
+        assert eng.wait_prepared(120)  # the step graph manager captured the proposal graphs
+        drafter = eng.spec.drafter
+        assert drafter.graphs is not None
+        run, propose = drafter.graphs.run, drafter.propose
+
+        def checked(rows: list[Any], k: int) -> list[Any]:
+            out = propose(rows, k)
+            for r, p in zip(rows, out, strict=True):
+                con = r.sampler.constraint
+                if con is None:
+                    continue
+                drafts.append(p.tokens)
+                try:
+                    if not all(con.advance(d) for d in p.tokens):
+                        refused.append(p.tokens)
+                finally:
+                    con.rewind()
+            return out
+
+        drafter.graphs.run = lambda lanes: replays.append(len(lanes)) or run(lanes)
+        drafter.propose = checked
+        return run_batch(eng, reqs)
+
+    out = _run(model, grammars, _requests(), collect, spec_method="mtp", draft_tokens=k)
+    assert [t for t, _, _ in out] == baseline
+    assert drafts and not refused, refused[:5]
+    assert replays and max(replays) == 1  # the free row alone: constrained rows never take the graph
+
+
 @pytest.mark.parametrize(("k", "wrong"), [(3, 0.0), (2, 0.5)])
 def test_oracle_greedy_constrained_equals_spec_off(model, grammars, baseline, k: int, wrong: float) -> None:
     """Every draft right: the masked drafts are all accepted. Half of them replaced by random
@@ -175,6 +231,28 @@ def test_oracle_greedy_constrained_equals_spec_off(model, grammars, baseline, k:
         assert accepted / drafted > 0.85  # only each request's last round is cut by its stop
     else:
         assert 0.1 < accepted / drafted < 0.7
+
+
+@pytest.mark.parametrize(("k", "wrong"), [(3, None), (2, 0.5)])
+def test_greedy_constrained_logprobs_equal_spec_off(model, grammars, k: int, wrong: float | None) -> None:
+    """Each committed token's logprobs come from the masked logits of its position: the same
+    entries, alternatives the grammar refuses included, as spec off."""
+    reqs = _requests(logprobs=4)
+    want = _run(model, grammars, reqs, run_logprobs)
+    got = _run(
+        model,
+        grammars,
+        reqs,
+        run_logprobs,
+        spec_method="mtp",
+        draft_tokens=k,
+        spec_oracle_wrong_fraction=wrong,
+    )
+    assert sum(st.speculative["accepted_tokens"] for _, _, st in got) > 0
+    for (wt, wl, _), (gt, gl, _) in zip(want, got, strict=True):
+        assert gt == wt and len(wl) == len(wt)
+        assert_same_logprobs(gl, wl)
+    assert any(v == float("-inf") for _, lps, _ in got for lp in lps for _, v in lp.top)
 
 
 @pytest.mark.parametrize("method", ["mtp", "oracle"])

@@ -33,12 +33,13 @@ from typing import Any, Protocol
 
 import torch
 
+from ninfer.engine.api import TokenLogprob
 from ninfer.engine.graphs import StepGraphs
 from ninfer.engine.pages import PAGE
 from ninfer.engine.plan import DecodePlan, DecodeRow, SlotOp, StepResult
-from ninfer.engine.sampler import run_masked, sample_rows
+from ninfer.engine.sampler import run_masked, sample_with_logprobs
 from ninfer.engine.speculative.mtp import Proposal, rope_positions
-from ninfer.engine.speculative.rejection import match_greedy, plain_greedy, verify
+from ninfer.engine.speculative.rejection import match_greedy, plain_greedy, run_logprobs, verify
 from ninfer.engine.step_io import StepOut, StepRows
 from ninfer.model.cache import KVPool, StatePool
 
@@ -89,13 +90,15 @@ def copy_slots(states: StatePool, pairs: list[tuple[int, int]]) -> None:
 class SpecRound:
     """Per row of a decode plan: the tokens offered for commit (`runs`), drafts verified (0 for a
     plain fallback step) and drafts accepted. `finalize(committed)` must be called once the engine
-    has committed: committed[i] = tokens row i committed, or None when its state is not retained."""
+    has committed: committed[i] = tokens row i committed, or None when its state is not retained.
+    `logprobs[i]`: one entry per token of runs[i] for a row that asked for logprobs, else None."""
 
     runs: list[list[int]]
     drafted: list[int]
     accepted: list[int]
     device: torch.device
     _finalize: Callable[[list[int | None]], None] = field(repr=False)
+    logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)
 
     def finalize(self, committed: list[int | None]) -> float:
         """Bring every retained row's state to its committed tokens; returns the seconds spent."""
@@ -182,6 +185,7 @@ class SpecDecoder:
         rows, k = plan.rows, self.k
         n = len(rows)
         runs: list[list[int]] = [[] for _ in rows]
+        logprobs: list[list[TokenLogprob] | None] = [None] * n
         drafted, accepted = [0] * n, [0] * n
         spec = [i for i, r in enumerate(rows) if r.position + k + 1 <= len(r.pages) * PAGE]
         chosen = set(spec)
@@ -189,10 +193,14 @@ class SpecDecoder:
         if plain:  # too close to the end of its pages for k+1 KV rows: one ordinary step
             prow = [rows[i] for i in plain]
             out = self.forward(StepRows.for_decode(prow, [[r.token] for r in prow]))  # hidden [P, 1, H]
-            tokens = sample_rows(out.logits[:, -1], [r.sampler for r in prow], out.last_argmax())
+            tokens, lps = sample_with_logprobs(
+                out.logits[:, -1], [r.sampler for r in prow], out.last_argmax()
+            )
             ropes = self._ropes(prow, 1)  # [3, P, 1]
             for j, (i, r) in enumerate(zip(plain, prow, strict=True)):
                 runs[i] = [tokens[j]]
+                lp = None if lps is None else lps[j]
+                logprobs[i] = None if lp is None else [lp]
                 self.drafter.after_forward(
                     r.slot, r.position, [r.token], out.hidden[j], ropes[:, j], r.pages, catch_up=False
                 )
@@ -213,6 +221,7 @@ class SpecDecoder:
             crows, masked = run_masked(out.logits, samplers, [p.tokens for p in proposals])
             at = {j: c for c, j in enumerate(crows)}
             greedy: list[list[int]] = []
+            verified: list[torch.Tensor] = []  # per row: the [k+1, V] logits its tokens come from
             if any(plain_greedy(s) for s in samplers):
                 top = out.argmax if out.argmax is not None else out.logits.argmax(-1)  # [S, k+1]
                 if crows:  # the masked rows' choices, in the same transfer
@@ -220,12 +229,16 @@ class SpecDecoder:
                 greedy = top.tolist()
             for j, (i, r, p) in enumerate(zip(spec, srows, proposals, strict=True)):
                 c = at.get(j)
+                verified.append(out.logits[j] if c is None else masked[c])  # [k+1, V]
                 if plain_greedy(r.sampler):
                     verdict = match_greedy(greedy[j if c is None else len(srows) + c], p.tokens)
                 else:
-                    logits = out.logits[j] if c is None else masked[c]  # [k+1, V]
-                    verdict = verify(r.sampler, logits, p.tokens, p.probs)
+                    verdict = verify(r.sampler, verified[j], p.tokens, p.probs)
                 runs[i], drafted[i], accepted[i] = verdict.tokens, k, verdict.accepted
+            for i, reported in zip(
+                spec, run_logprobs(samplers, verified, [runs[i] for i in spec]), strict=True
+            ):
+                logprobs[i] = reported
 
         def finalize(committed: list[int | None]) -> None:
             copies: list[tuple[int, int]] = []
@@ -256,5 +269,5 @@ class SpecDecoder:
         return StepResult(
             seq_ids=[r.seq_id for r in rows],
             tokens=[run[0] for run in runs],
-            spec=SpecRound(runs, drafted, accepted, self.device, finalize),
+            spec=SpecRound(runs, drafted, accepted, self.device, finalize, logprobs),
         )

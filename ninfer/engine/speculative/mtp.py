@@ -14,9 +14,11 @@ and a reused prefix needs no rebuild. Pending hidden rows are the drafter's own 
 
 Plain greedy rounds replay one captured graph of the whole proposal (`draft_graphs.py`: a family
 the drafter adds to the step graph manager, `add_graphs`, captured with the step's graphs); the eager
-steps stay the reference and serve sampled rows. Eager steps draft constrained rows under their
-grammar masks (`rejection.draft_step`); the graph drafts them unmasked (verification masks them,
-so only acceptance can differ), so a constrained row never costs the others the graph.
+steps stay the reference and serve sampled rows. Constrained rows are drafted under their grammar
+masks (`rejection.draft_step`: each draft position masked in the lookahead state after the drafts
+before it, rewound at the end), which the graph cannot apply (a mask depends on the drafts it
+computes): they take the eager steps, alone, while the round's other rows still replay the graph,
+so a constrained row never costs the others the graph and never wastes a draft the grammar refuses.
 """
 
 from __future__ import annotations
@@ -252,14 +254,25 @@ class MTPDrafter:
 
     def propose(self, rows: list[DecodeRow], k: int) -> list[Proposal]:
         """k drafts per row: step 1 from the trunk's hidden rows, steps 2..k from the MTP's own output.
-        All plain greedy rows with at most k + 1 pending rows: one draft-graph replay; otherwise
-        the eager steps below (the reference, and the path of sampled rows)."""
-        lanes = self._graph_lanes(rows, k)
-        if lanes is not None and self.graphs is not None:
-            drafts_g = self.graphs.run(lanes)
-            for r in rows:
-                self.pending[r.slot] = Pending(r.position)
-            return [Proposal(d, None) for d in drafts_g]
+        All unconstrained rows plain greedy with at most k + 1 pending rows: one draft-graph replay
+        of theirs, and the eager steps for the constrained rows (masked); otherwise the eager steps
+        for every row (the reference, and the path of sampled rows)."""
+        masked = [i for i, r in enumerate(rows) if r.sampler.constraint is not None]
+        free = [i for i, r in enumerate(rows) if r.sampler.constraint is None]
+        lanes = self._graph_lanes([rows[i] for i in free], k) if free else None
+        if lanes is None or self.graphs is None:
+            return self._eager(rows, k)
+        out: list[Proposal | None] = [None] * len(rows)
+        for i, d in zip(free, self.graphs.run(lanes), strict=True):
+            self.pending[rows[i].slot] = Pending(rows[i].position)
+            out[i] = Proposal(d, None)
+        if masked:
+            for i, p in zip(masked, self._eager([rows[i] for i in masked], k), strict=True):
+                out[i] = p
+        return [p for p in out if p is not None]
+
+    def _eager(self, rows: list[DecodeRow], k: int) -> list[Proposal]:
+        """The proposal step by step: constrained rows masked, sampled rows with their distributions."""
         x = self._first_step(rows)  # [B, H]
         samplers = [r.sampler for r in rows]
         drafts: list[list[int]] = [[] for _ in rows]

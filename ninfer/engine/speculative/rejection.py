@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.engine.sampler import RowSampler, advance_drafts, draft_masked
+from ninfer.engine.api import TokenLogprob
+from ninfer.engine.sampler import RowSampler, advance_drafts, draft_masked, logprob_rows
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,45 @@ def verify(
     if is_greedy(sampler):
         return verify_greedy(sampler, target_logits, drafts)
     return verify_sampled(sampler, target_logits, drafts, draft_probs)
+
+
+def run_logprobs(
+    samplers: Sequence[RowSampler], logits: Sequence[torch.Tensor], runs: Sequence[Sequence[int]]
+) -> list[list[TokenLogprob] | None]:
+    """Per row: the logprobs of each token of its committed run (None for rows without logprobs).
+    logits[i]: [>= len(run), V] the verified logits of row i (masked for a constrained row: each
+    position under the mask of its committed prefix); position t is penalized with run[:t] counted
+    as generated, then `logprob_rows` reports it as the plain path would had it sampled the run
+    one token at a time."""
+    out: list[list[TokenLogprob] | None] = [None] * len(samplers)
+    rows = [i for i, s in enumerate(samplers) if s.logprobs is not None]
+    if not rows:
+        return out
+    parts: list[torch.Tensor] = []
+    flat: list[RowSampler] = []  # one per reported position
+    tokens: list[int] = []
+    for i in rows:
+        s, x, run = samplers[i], logits[i], [int(t) for t in runs[i]]
+        if s.penalized:
+            adjusted = []
+            for t in range(len(run)):
+                with observed(s, run[:t]) as o:
+                    adjusted.append(o.adjust(x[t]))
+            parts.append(torch.stack(adjusted))
+        else:
+            parts.append(x[: len(run)])
+        flat += [s] * len(run)
+        tokens += run
+    adjusted = torch.cat(parts)  # [N, V]
+    lp = logprob_rows(adjusted, torch.tensor(tokens, device=adjusted.device), flat)
+    assert lp is not None  # every flat row asked for logprobs
+    read = lp.read(tokens, flat, len(flat))
+    at = 0
+    for i in rows:
+        n = len(runs[i])
+        out[i] = [e for e in read[at : at + n] if e is not None]
+        at += n
+    return out
 
 
 def propose(
