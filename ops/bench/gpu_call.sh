@@ -72,7 +72,7 @@ for step in $steps; do
     spec_identity) run spec_identity 200 python3 ops/bench/spec_identity.py --out "$out/identity" ;;
     moe_sweep) run moe_sweep 300 python3 ops/bench/moe_micro.py --sweep --tokens "${SWEEP_TOKENS:-8}" --replays 10 \
         --out "$out/sweep" ;;
-    kernel_tests) run kernel_tests "${KERNEL_TESTS_S:-300}" env TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider tests/kernels ;;
+    kernel_tests) run kernel_tests "${KERNEL_TESTS_S:-300}" env TRITON_INTERPRET=0 python3 -m pytest -o addopts="-q -ra" -p no:cacheprovider tests/kernels ;;
     serve_27b | serve_35b)  # the served path at full size: synthetic weights, HTTP clients, the engine beside
         shape=qwen3.6-27b
         [ "$step" = serve_35b ] && shape=qwen3.6-35b-a3b
