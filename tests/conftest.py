@@ -1,10 +1,20 @@
-"""Suite-wide test settings: property tests are reproducible under CI, exploratory elsewhere."""
+"""Suite-wide test settings: one compute thread per process, and property tests reproducible
+under CI, exploratory elsewhere."""
 
 from __future__ import annotations
 
 import os
 
+# Two test workers and the servers they start share the cores: with torch's default (a thread per
+# core, each spinning while it waits) they oversubscribe them, and a test that takes 42 s alone took
+# 189 s beside a second one. One thread each (set before torch is imported; inherited by every
+# server and subprocess a test starts) keeps both at their single-process speed.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # after the thread setting
 from hypothesis import settings
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # CI replays the same examples on every run (a failure there is reproducible, never a fluke of
 # the seed); a developer run draws fresh examples and keeps finding new cases.
