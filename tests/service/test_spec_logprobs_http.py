@@ -56,6 +56,24 @@ def test_chat_logprobs_equal_spec_off(spec_server: Server, server: Server) -> No
     assert sum(e["speculative"]["rounds"] for e in done) > 0
 
 
+def test_streamed_chat_logprobs_equal_whole(spec_server: Server) -> None:
+    """Streamed through the SDK, a speculative round's several tokens arrive with one logprob
+    entry each, the same entries as the whole response."""
+    client = _client(spec_server)
+    whole = client.chat.completions.create(**CHAT).choices[0].logprobs.content  # type: ignore[union-attr]
+    streamed = [
+        e
+        for chunk in client.chat.completions.create(**CHAT, stream=True)
+        if chunk.choices and chunk.choices[0].logprobs
+        for e in chunk.choices[0].logprobs.content or []
+    ]
+    assert whole and [e.token for e in streamed] == [e.token for e in whole]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in whole], abs=1e-6)
+    assert [[t.token for t in e.top_logprobs] for e in streamed] == [
+        [t.token for t in e.top_logprobs] for e in whole
+    ]
+
+
 def test_responses_and_completions_logprobs(spec_server: Server) -> None:
     client = _client(spec_server)
     resp = client.responses.create(
