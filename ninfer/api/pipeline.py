@@ -104,12 +104,20 @@ class Pipeline:
         self._next_id = next_id
 
     def _check_constraint(self, job: GenerationJob) -> GenerationJob:
-        """Compile the job's grammars; an engine that cannot constrain drops a constraint the
-        request allows to fall back (`constraint_fallback`, recorded) and refuses any other."""
+        """Compile the job's grammar; an engine that cannot constrain drops a constraint the
+        request allows to fall back (`constraint_fallback`, recorded) and refuses any other. The
+        parts (a tool's input grammar, the text format) compile only when the whole fails, to name
+        the field at fault: on success each grammar compiles once."""
         assert job.constraint is not None
         try:
-            for spec in (*job.constraint_parts, job.constraint):
-                self.engine.check_constraint(spec)
+            try:
+                self.engine.check_constraint(job.constraint)
+            except GrammarUnavailable:
+                raise
+            except GrammarError:
+                for spec in job.constraint_parts:  # the first part at fault names its field
+                    self.engine.check_constraint(spec)
+                raise
         except GrammarUnavailable as exc:
             if job.constraint_fallback is None:
                 raise unsupported(exc.param, exc.message) from None

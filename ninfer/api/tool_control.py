@@ -7,7 +7,6 @@ the request's text format (Chat `response_format`, Responses `text.format`, Anth
 `output_config.format`):
 
 * no tools, or ``none``: the text format alone (None: unconstrained, today's behaviour).
-* ``auto`` with no strict tool, parallel calls allowed and no text format: unconstrained.
 * ``auto`` with no strict tool, no custom tool with a grammar, parallel calls allowed, no text
   format and no `allowed` restriction: unconstrained.
 * otherwise a structural tag (`ninfer.frontend.tool_grammar`): forced calls for ``required``
@@ -90,6 +89,16 @@ class ToolControl:
                     f"allowed tool {entry.name!r} is not a declared tool (declared: {declared})",
                     "invalid_value",
                 )
+
+
+def allowed_control(mode: str, mode_param: str, allowed: Sequence[Allowed], parallel: bool) -> ToolControl:
+    """OpenAI's `allowed_tools` choice (Chat and Responses nest it differently): mode "auto" or
+    "required" over the named tools."""
+    if mode not in ("auto", "required"):
+        raise invalid(mode_param, "mode must be 'auto' or 'required'", "invalid_value")
+    return ToolControl(
+        mode="required" if mode == "required" else "auto", parallel=parallel, allowed=tuple(allowed)
+    )
 
 
 def _text_format(spec: ConstraintSpec) -> dict[str, object]:

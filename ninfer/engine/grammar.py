@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
@@ -60,6 +61,7 @@ class Grammars:
         self._compiler: Any = None
         self._think_end: int | None = None
         self._cache: OrderedDict[ConstraintSpec, Any] = OrderedDict()
+        self.tables_s: float | None = None  # what building the tokenizer tables took, once built
 
     def prepare(self) -> None:
         """Build the tokenizer tables now (the engine's warm-up), not in the first constrained
@@ -73,6 +75,7 @@ class Grammars:
 
     def _ensure(self) -> Any:
         if self._compiler is None:
+            t0 = time.perf_counter()
             import xgrammar as xgr
             from transformers import PreTrainedTokenizerFast
 
@@ -82,6 +85,7 @@ class Grammars:
             )
             self._think_end = hf.convert_tokens_to_ids(THINK_END)
             self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            self.tables_s = time.perf_counter() - t0
         return self._compiler
 
     def compiled(self, spec: ConstraintSpec) -> Any:

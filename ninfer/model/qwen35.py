@@ -66,7 +66,8 @@ class Qwen35Model(nn.Module):
         if self.capture_layers:
             yield False
             return
-        keep = sorted({t: i for i, t in reversed(list(enumerate(self.config.layer_types)))}.values())
+        types = self.config.layer_types
+        keep = [i for i, t in enumerate(types) if t not in types[:i]]  # each kind's first layer
         layers, index = self.layers, self.pool_index
         self.layers = nn.ModuleList(layers[i] for i in keep)
         self.pool_index = [index[i] for i in keep]

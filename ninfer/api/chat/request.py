@@ -13,7 +13,14 @@ from ninfer.api.context import ApiContext
 from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.events import GenerationJob
 from ninfer.api.parse_guard import guarded
-from ninfer.api.tool_control import Allowed, ToolControl, answer_constraint, fallback, input_formats
+from ninfer.api.tool_control import (
+    Allowed,
+    ToolControl,
+    allowed_control,
+    answer_constraint,
+    fallback,
+    input_formats,
+)
 from ninfer.engine.api import ConstraintSpec, SamplingParams
 from ninfer.frontend.conversation import (
     CUSTOM_INPUT,
@@ -214,8 +221,6 @@ def _allowed_tools(choice: dict[str, Any], parallel: bool) -> ToolControl:
     spec = f.as_dict(choice.get("allowed_tools"), "tool_choice.allowed_tools")
     f.reject_unknown(spec, ("mode", "tools"), "tool_choice.allowed_tools.")
     mode = f.req_str(spec, "mode", "tool_choice.allowed_tools.mode")
-    if mode not in ("auto", "required"):
-        raise invalid("tool_choice.allowed_tools.mode", "mode must be 'auto' or 'required'", "invalid_value")
     allowed = []
     for p, tool in f.objects(
         f.req_list(spec, "tools", "tool_choice.allowed_tools.tools"), "tool_choice.allowed_tools.tools"
@@ -225,9 +230,7 @@ def _allowed_tools(choice: dict[str, Any], parallel: bool) -> ToolControl:
             raise invalid(f"{p}.type", "allowed tools must be 'function' or 'custom' tools", "invalid_value")
         inner = f.as_dict(tool.get(kind), f"{p}.{kind}")
         allowed.append(Allowed(f.req_str(inner, "name", f"{p}.{kind}.name"), f"{p}.{kind}.name"))
-    return ToolControl(
-        mode="required" if mode == "required" else "auto", parallel=parallel, allowed=tuple(allowed)
-    )
+    return allowed_control(mode, "tool_choice.allowed_tools.mode", allowed, parallel)
 
 
 def _tool_control(body: dict[str, Any]) -> ToolControl:

@@ -17,7 +17,7 @@ from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.parse_guard import guarded
 from ninfer.api.responses.items import normalize_input, unsupported_value
 from ninfer.api.responses.logprobs import TOP_LOGPROBS_MAX
-from ninfer.api.tool_control import Allowed, ToolControl
+from ninfer.api.tool_control import Allowed, ToolControl, allowed_control
 from ninfer.engine.api import ConstraintSpec
 from ninfer.frontend.conversation import Tool, custom_tool
 
@@ -141,8 +141,6 @@ def _allowed_tools(choice: dict[str, Any], parallel: bool) -> tuple[ToolControl,
     "custom", "name"}]} -> the control and its echo."""
     f.reject_unknown(choice, ("type", "mode", "tools"), "tool_choice.")
     mode = f.req_str(choice, "mode", "tool_choice.mode")
-    if mode not in ("auto", "required"):
-        raise invalid("tool_choice.mode", "mode must be 'auto' or 'required'", "invalid_value")
     allowed = []
     for p, tool in f.objects(f.req_list(choice, "tools", "tool_choice.tools"), "tool_choice.tools"):
         kind = tool.get("type")
@@ -152,9 +150,7 @@ def _allowed_tools(choice: dict[str, Any], parallel: bool) -> tuple[ToolControl,
             )
         f.reject_unknown(tool, ("type", "name"), f"{p}.")
         allowed.append(Allowed(f.req_str(tool, "name", f"{p}.name"), f"{p}.name"))
-    control = ToolControl(
-        mode="required" if mode == "required" else "auto", parallel=parallel, allowed=tuple(allowed)
-    )
+    control = allowed_control(mode, "tool_choice.mode", allowed, parallel)
     echo = {"type": "allowed_tools", "mode": mode, "tools": [dict(t) for t in choice["tools"]]}
     return control, echo
 
