@@ -91,14 +91,11 @@ class ToolControl:
                 )
 
 
-def allowed_control(mode: str, mode_param: str, allowed: Sequence[Allowed], parallel: bool) -> ToolControl:
-    """OpenAI's `allowed_tools` choice (Chat and Responses nest it differently): mode "auto" or
-    "required" over the named tools."""
+def allowed_mode(mode: str, param: str) -> Literal["auto", "required"]:
+    """The mode of OpenAI's `allowed_tools` choice (Chat and Responses nest it differently)."""
     if mode not in ("auto", "required"):
-        raise invalid(mode_param, "mode must be 'auto' or 'required'", "invalid_value")
-    return ToolControl(
-        mode="required" if mode == "required" else "auto", parallel=parallel, allowed=tuple(allowed)
-    )
+        raise invalid(param, "mode must be 'auto' or 'required'", "invalid_value")
+    return "required" if mode == "required" else "auto"
 
 
 def _text_format(spec: ConstraintSpec) -> dict[str, object]:

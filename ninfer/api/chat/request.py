@@ -16,7 +16,7 @@ from ninfer.api.parse_guard import guarded
 from ninfer.api.tool_control import (
     Allowed,
     ToolControl,
-    allowed_control,
+    allowed_mode,
     answer_constraint,
     fallback,
     input_formats,
@@ -220,7 +220,9 @@ def _allowed_tools(choice: dict[str, Any], parallel: bool) -> ToolControl:
     [{"type": "function", "function": {"name"}} | {"type": "custom", "custom": {"name"}}]}}."""
     spec = f.as_dict(choice.get("allowed_tools"), "tool_choice.allowed_tools")
     f.reject_unknown(spec, ("mode", "tools"), "tool_choice.allowed_tools.")
-    mode = f.req_str(spec, "mode", "tool_choice.allowed_tools.mode")
+    mode = allowed_mode(
+        f.req_str(spec, "mode", "tool_choice.allowed_tools.mode"), "tool_choice.allowed_tools.mode"
+    )
     allowed = []
     for p, tool in f.objects(
         f.req_list(spec, "tools", "tool_choice.allowed_tools.tools"), "tool_choice.allowed_tools.tools"
@@ -230,7 +232,7 @@ def _allowed_tools(choice: dict[str, Any], parallel: bool) -> ToolControl:
             raise invalid(f"{p}.type", "allowed tools must be 'function' or 'custom' tools", "invalid_value")
         inner = f.as_dict(tool.get(kind), f"{p}.{kind}")
         allowed.append(Allowed(f.req_str(inner, "name", f"{p}.{kind}.name"), f"{p}.{kind}.name"))
-    return allowed_control(mode, "tool_choice.allowed_tools.mode", allowed, parallel)
+    return ToolControl(mode=mode, parallel=parallel, allowed=tuple(allowed))
 
 
 def _tool_control(body: dict[str, Any]) -> ToolControl:

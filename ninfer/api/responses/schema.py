@@ -17,7 +17,7 @@ from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.parse_guard import guarded
 from ninfer.api.responses.items import normalize_input, unsupported_value
 from ninfer.api.responses.logprobs import TOP_LOGPROBS_MAX
-from ninfer.api.tool_control import Allowed, ToolControl, allowed_control
+from ninfer.api.tool_control import Allowed, ToolControl, allowed_mode
 from ninfer.engine.api import ConstraintSpec
 from ninfer.frontend.conversation import Tool, custom_tool
 
@@ -140,7 +140,7 @@ def _allowed_tools(choice: dict[str, Any], parallel: bool) -> tuple[ToolControl,
     """{"type": "allowed_tools", "mode": "auto" | "required", "tools": [{"type": "function" |
     "custom", "name"}]} -> the control and its echo."""
     f.reject_unknown(choice, ("type", "mode", "tools"), "tool_choice.")
-    mode = f.req_str(choice, "mode", "tool_choice.mode")
+    mode = allowed_mode(f.req_str(choice, "mode", "tool_choice.mode"), "tool_choice.mode")
     allowed = []
     for p, tool in f.objects(f.req_list(choice, "tools", "tool_choice.tools"), "tool_choice.tools"):
         kind = tool.get("type")
@@ -150,7 +150,7 @@ def _allowed_tools(choice: dict[str, Any], parallel: bool) -> tuple[ToolControl,
             )
         f.reject_unknown(tool, ("type", "name"), f"{p}.")
         allowed.append(Allowed(f.req_str(tool, "name", f"{p}.name"), f"{p}.name"))
-    control = allowed_control(mode, "tool_choice.mode", allowed, parallel)
+    control = ToolControl(mode=mode, parallel=parallel, allowed=tuple(allowed))
     echo = {"type": "allowed_tools", "mode": mode, "tools": [dict(t) for t in choice["tools"]]}
     return control, echo
 
