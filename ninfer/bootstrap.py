@@ -50,10 +50,9 @@ def engine_for_model(settings: Settings, model: Qwen35Model, tokenizer: Tokenize
         raise EngineConfigError(
             "spec.method and vision.enabled need the artifact's components: build the engine with build_engine"
         )
-    weight = model.embed_tokens.weight
-    dtype = str(weight.dtype).removeprefix("torch.")
+    dtype = str(model.dtype).removeprefix("torch.")
     vocab_limit = tokenizer.vocab_size if tokenizer is not None else None
-    config = engine_config(settings, None, str(weight.device), dtype, vocab_limit=vocab_limit)
+    config = engine_config(settings, None, str(model.device), dtype, vocab_limit=vocab_limit)
     return Engine(model, config, detokenizer_factory(tokenizer) if tokenizer is not None else None)
 
 
@@ -173,7 +172,7 @@ def load_spec_weights(
         )
     cfg = artifact.config
     return DraftHead.from_tensors(
-        artifact.load_tensors("lm_head_draft"), cfg.vocab_size, cfg.hidden_size, dtype, device
+        artifact.load_tensors("lm_head_draft"), cfg.vocab_size, cfg.hidden_size, dtype, device, model.ops
     )
 
 

@@ -90,8 +90,8 @@ class LLM:
         self.model = model
         self.config = model.config
         self.tokenizer = tokenizer
-        self.device = model.embed_tokens.weight.device
-        self.dtype = model.embed_tokens.weight.dtype
+        self.device = model.device
+        self.dtype = model.dtype
         self._engine_obj: Engine | None = None
 
     # ----- state for one sequence -----

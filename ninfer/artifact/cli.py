@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from ninfer.artifact.errors import ArtifactError
+from ninfer.artifact.profiles import PROFILES
 from ninfer.artifact.released import RELEASED_SHAPES
 
 
@@ -19,7 +20,7 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def _inspect(path: Path) -> int:
+def _inspect(path: Path, tensors: bool = False) -> int:
     from ninfer.artifact.reader import open_artifact
 
     a = open_artifact(path)
@@ -39,6 +40,7 @@ def _inspect(path: Path) -> int:
         print(
             f"component     {name:<14} {comp.tensor_count:>6} tensors  {_size(comp.bytes):>11}  {len(comp.files)} file(s)"
         )
+    _inspect_formats(a, tensors)
     total = sum(comp.bytes for comp in m.components.values())
     print(f"total         {sum(x.tensor_count for x in m.components.values())} tensors, {_size(total)}")
     ffn = (
@@ -61,6 +63,36 @@ def _inspect(path: Path) -> int:
     return 0
 
 
+def _inspect_formats(a, tensors: bool) -> None:  # type: ignore[no-untyped-def]
+    """The weight profile, bits per weight over the text and MTP matrices, each format's count;
+    `tensors`: every tensor's format and shape."""
+    from collections import Counter
+
+    from ninfer.formats.registry import FORMATS
+
+    counts: Counter[str] = Counter()
+    bits, weights = 0, 0
+    for comp in ("text", "mtp"):
+        if not a.has_component(comp):
+            continue
+        for name, info in a.tensor_infos(comp).items():
+            if len(info.shape) < 2 or name.endswith("conv1d.weight"):
+                continue  # norms, conv taps, A_log: not matrices
+            numel = 1
+            for d in info.shape:
+                numel *= d
+            counts[info.dtype] += 1
+            bits += 8 * info.nbytes
+            weights += numel
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: (kv[0] not in FORMATS, kv[0])))
+    bpw = f"{bits / weights:.2f} bits per weight" if weights else "no matrices"
+    print(f"weights       profile {a.weight_profile}: {bpw} over the text and MTP matrices ({kinds})")
+    if tensors:
+        for comp in a.components:
+            for name, info in sorted(a.tensor_infos(comp).items()):
+                print(f"  {comp:<13} {name:<60} {info.dtype:<14} {list(info.shape)}")
+
+
 def _verify(path: Path) -> int:
     from ninfer.artifact.reader import open_artifact
 
@@ -81,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
         "--model-id", default=None, help="public model id (default: registry match, else dir name)"
     )
     c.add_argument("--dtype", default="keep", choices=("keep", "bfloat16", "float32"))
+    c.add_argument("--weights", default=None, choices=PROFILES, metavar="PROFILE",
+                   help="weight profile: " + ", ".join(PROFILES) + " (default: as the checkpoint is; "
+                   "an FP8 checkpoint stays fp8)")  # fmt: skip
     c.add_argument("--template", default=None, choices=("qwen3_6", "qwen3_5", "qwen3_8"),
                    help="official chat template to use (required when the checkpoint has none)")  # fmt: skip
     c.add_argument("--force", action="store_true", help="replace OUT if it exists")
@@ -96,8 +131,9 @@ def _parser() -> argparse.ArgumentParser:
     f = sub.add_parser("add-dflash", help="add a DFlash drafter (HF directory) as the dflash component")
     f.add_argument("path", type=Path)
     f.add_argument("drafter_dir", type=Path)
-    i = sub.add_parser("inspect", help="print identity, components and config")
+    i = sub.add_parser("inspect", help="print identity, components, weight formats and config")
     i.add_argument("path", type=Path)
+    i.add_argument("--tensors", action="store_true", help="also list every tensor's format and shape")
     v = sub.add_parser("verify", help="recompute digests and check shapes")
     v.add_argument("path", type=Path)
     y = sub.add_parser(
@@ -108,6 +144,8 @@ def _parser() -> argparse.ArgumentParser:
     y.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
     y.add_argument("--no-mtp", action="store_true", help="leave out the MTP layer")
     y.add_argument("--seed", type=int, default=0)
+    y.add_argument("--weights", default="bf16", choices=PROFILES, metavar="PROFILE",
+                   help="formats the drawn weights take: " + ", ".join(PROFILES))  # fmt: skip
     y.add_argument("--force", action="store_true", help="replace OUT if it exists")
     d = sub.add_parser("demo", help="build the small random-weight demo artifact")
     d.add_argument("out", type=Path)
@@ -121,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         if args.cmd == "inspect":
-            return _inspect(args.path)
+            return _inspect(args.path, args.tensors)
         if args.cmd == "verify":
             return _verify(args.path)
         if args.cmd == "lm-head-draft":
@@ -140,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.out,
                 model_id=args.model_id,
                 dtype=args.dtype,
+                weights=args.weights,
                 template=args.template,
                 force=args.force,
             )
@@ -157,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 mtp=not args.no_mtp,
                 seed=args.seed,
                 force=args.force,
+                weights=args.weights,
             )
         else:
             from ninfer.artifact.demo import build_demo

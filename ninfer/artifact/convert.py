@@ -1,4 +1,10 @@
-"""Converts a Hugging Face Qwen3.5/3.6 checkpoint into a `.ninfer` artifact, one source file at a time."""
+"""Converts a Hugging Face Qwen3.5/3.6 checkpoint into a `.ninfer` artifact, one source file at a time.
+
+`weights` picks the profile (`profiles.PROFILES`): every text / MTP tensor is stored dense or
+quantized (and split) as the profile says. A Hugging Face FP8 checkpoint (`quantization_config`
+`quant_method: fp8`: e4m3 `weight` with an fp32 `weight_scale_inv` per 128 x 128 block) converts as
+it is: its fp8 tensors become fp8 `QuantWeight`s without a pass through bf16, the tensors it left
+unconverted (`modules_to_not_convert`) stay dense."""
 
 from __future__ import annotations
 
@@ -10,19 +16,23 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ninfer.artifact import registry
+from ninfer.artifact import profiles, registry
 from ninfer.artifact.errors import ArtifactError
 from ninfer.artifact.hf_source import HfSource, read_hf_source
 from ninfer.artifact.manifest import ArtifactIdentity
 from ninfer.artifact.reader import MEDIA_CONFIGS, MEDIA_DIR
 from ninfer.artifact.shapes import expected_shapes
 from ninfer.artifact.writer import SHARD_BYTES, ArtifactWriter, generation_json
+from ninfer.formats import QuantWeight
+from ninfer.formats.weight import cat_rows, quantize, stack_experts
 from ninfer.model.config import TextConfig, UnknownArchitectureError
+from ninfer.model.quantized import split_rows
 
 DTYPES: dict[str, torch.dtype | None] = {"keep": None, "bfloat16": torch.bfloat16, "float32": torch.float32}
 TEMPLATES = ("qwen3_6", "qwen3_5", "qwen3_8")
 _EXPERT = re.compile(r"^(?P<p>.+\.mlp\.experts)\.(?P<e>\d+)\.(?P<k>gate_proj|up_proj|down_proj)\.weight$")
 _MTP_LAYER = re.compile(r"^mtp\.layers\.(\d+)\.")
+SCALE_INV = "_scale_inv"  # an FP8 checkpoint's block scale of tensor X: X_scale_inv (X.weight -> X.weight_scale_inv)
 
 
 def map_name(key: str) -> tuple[str, str]:
@@ -40,25 +50,44 @@ def map_name(key: str) -> tuple[str, str]:
     raise ArtifactError(f"unrecognised tensor name {key!r} in the checkpoint")
 
 
+Tensor = torch.Tensor | QuantWeight  # an FP8 checkpoint's experts arrive quantized
+
+
+def _cat(a: Tensor, b: Tensor) -> Tensor:
+    if isinstance(a, QuantWeight) and isinstance(b, QuantWeight):
+        return cat_rows([a, b])
+    if isinstance(a, QuantWeight) or isinstance(b, QuantWeight):
+        raise ArtifactError("an expert's gate and up projections differ in format")
+    return torch.cat([a, b], dim=0)
+
+
+def _stack(parts: list[Tensor]) -> Tensor:
+    if all(isinstance(p, QuantWeight) for p in parts):
+        return stack_experts(parts)  # type: ignore[arg-type]
+    if any(isinstance(p, QuantWeight) for p in parts):
+        raise ArtifactError("the experts of one bank differ in format")
+    return torch.stack(parts)  # type: ignore[arg-type]
+
+
 class ExpertFuser:
     """Collects per-expert `{gate,up,down}_proj` tensors and emits the fused 3-D ones when complete."""
 
     def __init__(self, num_experts: int) -> None:
         self.e = num_experts
-        self.pending: dict[tuple[str, str], dict[int, torch.Tensor]] = defaultdict(dict)
+        self.pending: dict[tuple[str, str], dict[int, Tensor]] = defaultdict(dict)
 
-    def add(self, prefix: str, expert: int, kind: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    def add(self, prefix: str, expert: int, kind: str, t: Tensor) -> list[tuple[str, Tensor]]:
         self.pending[(prefix, kind)][expert] = t
-        out: list[tuple[str, torch.Tensor]] = []
+        out: list[tuple[str, Tensor]] = []
         gate, up = self.pending.get((prefix, "gate_proj"), {}), self.pending.get((prefix, "up_proj"), {})
         if kind in ("gate_proj", "up_proj") and len(gate) == self.e and len(up) == self.e:
             # [E, 2*Ie, H]: each expert's gate rows first, then its up rows
-            fused = torch.stack([torch.cat([gate[i], up[i]], dim=0) for i in range(self.e)])
+            fused = _stack([_cat(gate[i], up[i]) for i in range(self.e)])
             out.append((f"{prefix}.gate_up_proj", fused))
             del self.pending[(prefix, "gate_proj")], self.pending[(prefix, "up_proj")]
         down = self.pending.get((prefix, "down_proj"), {})
         if kind == "down_proj" and len(down) == self.e:
-            out.append((f"{prefix}.down_proj", torch.stack([down[i] for i in range(self.e)])))  # [E, H, Ie]
+            out.append((f"{prefix}.down_proj", _stack([down[i] for i in range(self.e)])))  # [E, H, Ie]
             del self.pending[(prefix, "down_proj")]
         return out
 
@@ -84,6 +113,8 @@ def _plan(src: HfSource, num_experts: int) -> tuple[dict[str, set[str]], int, bo
     mtp_layers = 0
     for f, header in src.headers.items():
         for key in header:
+            if key.endswith(SCALE_INV):
+                continue  # an FP8 weight's block scales: read with their weight
             if key in seen:
                 raise ArtifactError(f"tensor {key!r} is stored twice ({seen[key].name} and {f.name})")
             seen[key] = f
@@ -146,6 +177,57 @@ def write_tokenizer(writer: ArtifactWriter, given: Path | None) -> None:
     writer.copy_file("tokenizer/tokenizer.json", given)
 
 
+def fp8_source(src: HfSource) -> bool:
+    """Whether the checkpoint is a Hugging Face FP8 one (`quantization_config.quant_method == "fp8"`,
+    128 x 128 weight blocks); other quantization methods are refused."""
+    cfg = src.config.get("quantization_config") or (src.config.get("text_config") or {}).get("quantization_config")
+    if not cfg:
+        return False
+    method = cfg.get("quant_method")
+    if method != "fp8":
+        raise ArtifactError(f"unsupported quantization_config.quant_method {method!r} (known: fp8)")
+    block = cfg.get("weight_block_size", [128, 128])
+    if list(block) != [128, 128]:
+        raise ArtifactError(f"FP8 checkpoint with weight_block_size {block}: only [128, 128] is supported")
+    fmt = cfg.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise ArtifactError(f"FP8 checkpoint in {fmt!r}: only e4m3 is supported")
+    return True
+
+
+class Fp8Pairs:
+    """Pairs an FP8 checkpoint's e4m3 tensors with their `_scale_inv` blocks (either may come first)."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, torch.Tensor] = {}
+        self.scales: dict[str, torch.Tensor] = {}
+
+    def add(self, key: str, t: torch.Tensor) -> tuple[str, QuantWeight] | None:
+        """Record a weight or a scale; (weight key, QuantWeight) once both halves are in."""
+        from ninfer.formats.registry import FP8
+
+        if key.endswith(SCALE_INV):
+            wkey = key.removesuffix(SCALE_INV)
+            self.scales[wkey] = t
+        else:
+            wkey = key
+            self.weights[wkey] = t
+        if wkey not in self.weights or wkey not in self.scales:
+            return None
+        w, s = self.weights.pop(wkey), self.scales.pop(wkey).to(torch.float32)
+        if w.dim() == 3:  # a fused expert bank [E, N, K] with scales [E, N/128, K/128]
+            s = s.reshape(-1, s.shape[-1])
+        try:
+            return wkey, QuantWeight(FP8, tuple(w.shape), w, None, s)
+        except ValueError as err:
+            raise ArtifactError(f"FP8 tensor {wkey}: {err}") from None
+
+    def check_done(self) -> None:
+        left = sorted(self.weights) + sorted(k + SCALE_INV for k in self.scales)
+        if left:
+            raise ArtifactError(f"FP8 tensor {left[0]!r} has no matching weight / {SCALE_INV} partner")
+
+
 def convert(
     hf_dir: str | Path,
     out: str | Path,
@@ -155,12 +237,26 @@ def convert(
     template: str | None = None,
     force: bool = False,
     max_shard_bytes: int = SHARD_BYTES,
+    weights: str | None = None,
 ) -> Path:
-    """Convert `hf_dir` into the artifact directory `out`; returns `out`. Raises ArtifactError."""
+    """Convert `hf_dir` into the artifact directory `out`; returns `out`. Raises ArtifactError.
+
+    weights: the profile (None: as the source is, bf16 / fp32, or fp8 for an FP8 checkpoint)."""
     if dtype not in DTYPES:
         raise ArtifactError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     cast = DTYPES[dtype]
     src = read_hf_source(hf_dir)
+    fp8 = fp8_source(src)
+    if fp8 and weights not in (None, "fp8"):
+        raise ArtifactError(
+            f"{src.root} is an FP8 checkpoint: it converts as it is (--weights fp8); "
+            f"--weights {weights} needs the bf16 checkpoint"
+        )
+    profile = weights or ("fp8" if fp8 else "bf16")
+    try:
+        profiles.check_profile(profile)
+    except ValueError as err:
+        raise ArtifactError(str(err)) from None
     base = _text_config(src, 0)
     names, mtp_layers, lm_head_missing = _plan(src, int(base.num_experts or 0))
     config = dataclasses.replace(base, mtp_num_hidden_layers=mtp_layers)
@@ -170,33 +266,55 @@ def convert(
     )
     _check_names(config, names, tied)
     chat_template = _template(src, template)
+    identity = _identity(src, config, chat_template, model_id)
     shapes = {c: expected_shapes(config, c) for c in ("text", "mtp")}
     fuser = ExpertFuser(int(config.num_experts or 0))
+    pairs = Fp8Pairs()
 
     with ArtifactWriter(Path(out), overwrite=force, max_shard_bytes=max_shard_bytes) as writer:
+        writer.profile = profile
 
-        def emit(comp: str, name: str, t: torch.Tensor) -> None:
+        def emit(comp: str, name: str, t: Tensor) -> None:
             want = (shapes.get(comp) or {}).get(name)
             if want is not None and tuple(t.shape) != want:
                 raise ArtifactError(
                     f"shape mismatch for {name}: checkpoint {list(t.shape)}, config {list(want)}"
                 )
-            writer.component(comp).add(name, t)
+            cw = writer.component(comp)
+            if isinstance(t, QuantWeight) or want is None:  # as the checkpoint has it (vision: dense)
+                cw.add_quantized(name, t) if isinstance(t, QuantWeight) else cw.add(name, t)
+                return
+            for p in profiles.plan(profile, config, identity.model_id, name, want):
+                part = t if p.whole is None else t[_rows(config, name, p.name)]
+                if p.fmt is None or not part.is_floating_point():
+                    cw.add(p.name, part)
+                else:
+                    try:
+                        cw.add_quantized(p.name, quantize(part, p.fmt))
+                    except ValueError as err:
+                        raise ArtifactError(f"{p.name}: {err}") from None
 
         for f in src.files:
             with safe_open(str(f), framework="pt", device="cpu") as sf:
                 for key in sf.keys():
+                    raw = sf.get_tensor(key)
+                    t: Tensor = raw
+                    if fp8 and (key.endswith(SCALE_INV) or raw.dtype == torch.float8_e4m3fn):
+                        paired = pairs.add(key, raw)
+                        if paired is None:
+                            continue
+                        key, t = paired
+                    elif cast is not None and raw.is_floating_point():
+                        t = raw.to(cast)
                     comp, name = map_name(key)
-                    t = sf.get_tensor(key)
-                    if cast is not None and t.is_floating_point():
-                        t = t.to(cast)
                     if m := _EXPERT.match(name):
                         for fused_name, fused in fuser.add(m["p"], int(m["e"]), m["k"], t):
                             emit(comp, fused_name, fused)
                     else:
                         emit(comp, name, t)
                     if tied and name == "model.embed_tokens.weight":
-                        emit("text", "lm_head.weight", t.clone())
+                        emit("text", "lm_head.weight", t.clone() if isinstance(t, torch.Tensor) else t)
+        pairs.check_done()
         writer.write_json("config.json", config.to_dict())
         writer.write_json("generation.json", generation_json(config.eos_token_ids, src.generation_config))
         writer.write_text("frontend/chat_template.jinja", chat_template)
@@ -204,4 +322,10 @@ def convert(
         for name in MEDIA_CONFIGS:  # the image / video processor parameters, when the checkpoint has them
             if (src.root / name).is_file():
                 writer.copy_file(f"{MEDIA_DIR}/{name}", src.root / name)
-        return writer.finish(_identity(src, config, chat_template, model_id))
+        return writer.finish(identity)
+
+
+def _rows(config: TextConfig, whole: str, part: str) -> torch.Tensor:
+    rows = split_rows(config, whole)
+    assert rows is not None and part in rows, (whole, part)
+    return rows[part]

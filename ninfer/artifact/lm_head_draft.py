@@ -16,12 +16,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ninfer.artifact import quant_store
 from ninfer.artifact.errors import ArtifactError
 from ninfer.artifact.files import digest_tree
 from ninfer.artifact.manifest import read_manifest
 
 if TYPE_CHECKING:
     import torch
+
+    from ninfer.formats import QuantWeight
 
 COMPONENT = "lm_head_draft"
 
@@ -87,11 +90,19 @@ def select_ids(freq: Mapping[int, int], size: int, vocab_size: int, always: Iter
     return sorted(chosen)
 
 
-def draft_tensors(lm_head: torch.Tensor, token_ids: list[int]) -> dict[str, torch.Tensor]:
-    """lm_head: [V, H] -> {"token_ids": [N] int64, "weight": [N, H]} (rows copied, dtype kept)."""
+def draft_tensors(lm_head: torch.Tensor | QuantWeight, token_ids: list[int]) -> dict[str, torch.Tensor | QuantWeight]:
+    """lm_head: [V, H] -> {"token_ids": [N] int64, "weight": [N, H]} (rows copied, format kept: a
+    groupwise head's rows stay in their codes and scales; an fp8 head's rows, whose 128-row blocks
+    the selection breaks, are dequantized to bf16)."""
     import torch
 
+    from ninfer.formats import QuantWeight
+
     ids = torch.tensor(token_ids, dtype=torch.int64)
+    if isinstance(lm_head, QuantWeight):
+        if lm_head.fmt.kind == "groupwise":
+            return {"token_ids": ids, "weight": lm_head.select_rows(ids)}
+        return {"token_ids": ids, "weight": lm_head.dequantize_rows(ids, torch.bfloat16)}
     return {"token_ids": ids, "weight": lm_head.index_select(0, ids).contiguous()}
 
 
@@ -121,13 +132,16 @@ def add_lm_head_draft(
     if old is not None:
         for rel in old.files:
             (root / rel).unlink()
+    from ninfer.formats import QuantWeight
+
     writer = ComponentWriter(root, COMPONENT, SHARD_BYTES)
     for name, t in draft_tensors(lm_head, ids).items():
-        writer.add(name, t)
+        writer.add_quantized(name, t) if isinstance(t, QuantWeight) else writer.add(name, t)
     component = writer.finish()
     manifest = read_manifest(root)
     components = {**manifest.components, COMPONENT: component}
-    dataclasses.replace(manifest, components=components, digests=digest_tree(root)).write(root)
+    extra = quant_store.with_component(manifest.extra, COMPONENT, writer.quantized, art.weight_profile)
+    dataclasses.replace(manifest, components=components, digests=digest_tree(root), extra=extra).write(root)
     return root
 
 

@@ -7,15 +7,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ninfer.artifact import quant_store
 from ninfer.artifact.errors import ArtifactError
 from ninfer.artifact.files import TensorInfo, read_header, sha256_file
 from ninfer.artifact.manifest import MANIFEST, Manifest, read_manifest
-from ninfer.artifact.shapes import expected_shapes
+from ninfer.artifact.shapes import expected_shapes, with_splits
 from ninfer.artifact.synth import draw_tensor, synthetic_headers, synthetic_spec
 from ninfer.model.config import TextConfig, UnknownArchitectureError
 
 if TYPE_CHECKING:  # torch is imported only when weights are loaded (inspect/verify stay light)
     import torch
+
+    from ninfer.formats import QuantWeight
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer/tokenizer.json"
@@ -37,10 +40,12 @@ def _load_json(path: Path) -> Any:
 
 
 def check_shapes(config: TextConfig, component: str, headers: dict[str, TensorInfo]) -> None:
-    """Compare a component's tensors with the names and shapes its config implies."""
+    """Compare a component's tensors (logical: a quantized tensor once, by name) with the names and
+    shapes its config implies; a projection may be stored as its split parts."""
     want = expected_shapes(config, component)
     if want is None:
         return
+    want = with_splits(config, want, headers)
     for name, info in headers.items():
         if name not in want:
             raise ArtifactError(f"component {component!r}: unexpected tensor {name!r} for this config")
@@ -65,6 +70,9 @@ class Artifact:
     generation: dict[str, Any]
     chat_template: str
     _headers: dict[str, dict[str, dict[str, TensorInfo]]] = field(default_factory=dict, repr=False)
+    # component -> quantized tensor -> format and logical shape (manifest `weight_formats`)
+    quantized: dict[str, dict[str, quant_store.QuantSpec]] = field(default_factory=dict)
+    weight_profile: str = "bf16"
 
     @property
     def synthetic(self) -> dict[str, Any] | None:
@@ -109,18 +117,33 @@ class Artifact:
         return sum(i.nbytes for h in self._component(component).values() for i in h.values())
 
     def tensor_shapes(self, component: str) -> dict[str, tuple[int, ...]]:
-        return {n: i.shape for h in self._component(component).values() for n, i in h.items()}
+        """Logical shapes by name (a quantized tensor once, not its planes)."""
+        return {n: i.shape for n, i in self.tensor_infos(component).items()}
 
-    def load_tensors(self, component: str, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-        """All tensors of a component, by canonical name; on CPU they are mmap-backed views (no copy)."""
+    def tensor_infos(self, component: str) -> dict[str, TensorInfo]:
+        """Logical tensors by name: dense ones as stored, quantized ones with their format as dtype."""
+        physical = {n: i for h in self._component(component).values() for n, i in h.items()}
+        return quant_store.logical_headers(component, physical, self.quantized.get(component, {}))
+
+    def load_tensors(
+        self, component: str, device: str | torch.device = "cpu"
+    ) -> dict[str, torch.Tensor | QuantWeight]:
+        """All tensors of a component, by canonical name (quantized ones as `QuantWeight`s of their
+        planes); on CPU they are mmap-backed views (no copy)."""
+        return quant_store.assemble(self._load_entries(component, device), self.quantized.get(component, {}))
+
+    def _load_entries(self, component: str, device: str | torch.device) -> dict[str, torch.Tensor]:
         import torch
         from safetensors import safe_open
 
         out: dict[str, torch.Tensor] = {}
         spec = self.synthetic
         if spec is not None:  # drawn on the device, one tensor at a time (no host copy)
+            specs = self.quantized.get(component, {})
             for name, info in self._component(component)[SYNTHETIC_FILE].items():
-                out[name] = draw_tensor(name, info.shape, info.dtype, spec["seed"], device)
+                owner = specs.get(name.rpartition(quant_store.PLANE_SEP)[0])
+                w8 = owner is not None and owner.fmt == "q8_g32"
+                out[name] = draw_tensor(name, info.shape, info.dtype, spec["seed"], device, w8)
             return out
         for rel in self._component(component):
             with safe_open(str(self.path / rel), framework="pt", device="cpu") as f:
@@ -164,10 +187,11 @@ def open_artifact(path: str | Path, verify: bool = False) -> Artifact:
             f"manifest family {manifest.identity.family!r} differs from config family {config.family!r}"
         )
     headers: dict[str, dict[str, dict[str, TensorInfo]]] = {}
+    profile, quantized = quant_store.parse(manifest.extra)
     synthetic = synthetic_spec(manifest.extra) is not None
     for name, comp in manifest.components.items():
         if synthetic:  # no files: the headers the config implies (checked against the manifest's counts)
-            per_file = {SYNTHETIC_FILE: synthetic_headers(config, name)}
+            per_file = {SYNTHETIC_FILE: synthetic_headers(config, name, quantized.get(name, {}))}
         else:
             per_file = {rel: read_header(root / rel) for rel in comp.files}
         merged: dict[str, TensorInfo] = {}
@@ -180,7 +204,7 @@ def open_artifact(path: str | Path, verify: bool = False) -> Artifact:
             raise ArtifactError(
                 f"component {name!r}: {len(merged)} tensors on disk, manifest says {comp.tensor_count}"
             )
-        check_shapes(config, name, merged)
+        check_shapes(config, name, quant_store.logical_headers(name, merged, quantized.get(name, {})))
         headers[name] = per_file
     if not manifest.components.get("mtp") and config.mtp_num_hidden_layers:
         raise ArtifactError(f"config has {config.mtp_num_hidden_layers} MTP layer(s) but no 'mtp' component")
@@ -195,4 +219,6 @@ def open_artifact(path: str | Path, verify: bool = False) -> Artifact:
         generation=generation,
         chat_template=template,
         _headers=headers,
+        quantized=quantized,
+        weight_profile=profile,
     )

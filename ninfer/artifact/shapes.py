@@ -100,3 +100,18 @@ def expected_shapes(c: TextConfig, component: str) -> dict[str, Shape] | None:
     if component == "mtp":
         return mtp_shapes(c)
     return None
+
+
+def with_splits(c: TextConfig, want: dict[str, Shape], names: set[str] | dict[str, object]) -> dict[str, Shape]:
+    """`want` with each splittable tensor replaced by its parts where `names` holds the parts (a
+    quantized artifact whose parts take two formats: `ninfer.model.layout`)."""
+    from ninfer.model.layout import split_parts
+
+    out: dict[str, Shape] = {}
+    for name, shape in want.items():
+        rows = split_parts(c, name)
+        if rows is not None and all(p in names for p in rows):
+            out.update({p: (r, shape[1]) for p, r in rows.items()})
+        else:
+            out[name] = shape
+    return out

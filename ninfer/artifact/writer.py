@@ -7,14 +7,19 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import save_file
 
+from ninfer.artifact import quant_store
 from ninfer.artifact.errors import ArtifactError
 from ninfer.artifact.files import digest_tree
 from ninfer.artifact.manifest import COMPONENTS, FORMAT_VERSION, ArtifactIdentity, Component, Manifest
+from ninfer.artifact.quant_store import QuantSpec
+
+if TYPE_CHECKING:
+    from ninfer.formats import QuantWeight
 
 SHARD_BYTES = 2 << 30  # 2 GiB per shard (a single larger tensor gets a shard of its own)
 NUMBERED = (
@@ -38,6 +43,7 @@ class ComponentWriter:
         self._buf_bytes = 0
         self._parts: list[Path] = []
         self._names: set[str] = set()
+        self.quantized: dict[str, QuantSpec] = {}  # quantized tensors' specs (their planes are entries)
         self.tensor_count = 0
         self.bytes = 0
 
@@ -54,6 +60,14 @@ class ComponentWriter:
         self._buf_bytes += t.nbytes
         self.tensor_count += 1
         self.bytes += t.nbytes
+
+    def add_quantized(self, name: str, weight: QuantWeight) -> QuantSpec:
+        """A quantized tensor as its planes (`NAME#base`, ...); its spec goes to the manifest."""
+        for plane, t in weight.planes().items():
+            self.add(quant_store.plane_name(name, plane), t)
+        spec = quant_store.QuantSpec(weight.fmt.name, weight.shape)
+        self.quantized[name] = spec
+        return spec
 
     def _flush(self) -> None:
         part = self.root / "weights" / f".{self.name}.part{len(self._parts):05d}"
@@ -92,6 +106,7 @@ class ArtifactWriter:
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".tmp", dir=self.out.parent))
         self.max_shard_bytes = max_shard_bytes
         self.components: dict[str, ComponentWriter] = {}
+        self.profile = "bf16"  # the weight profile recorded when a component holds quantized tensors
 
     def component(self, name: str) -> ComponentWriter:
         if name not in COMPONENTS:
@@ -124,6 +139,10 @@ class ArtifactWriter:
         `synthetic`: components without files (weights drawn at load time, see `synth`);
         `extra`: additional top-level manifest keys."""
         components = {name: w.finish() for name, w in self.components.items()}
+        quantized = {name: w.quantized for name, w in self.components.items() if w.quantized}
+        extra = dict(extra or {})
+        if quantized:
+            extra[quant_store.KEY] = quant_store.manifest_entry(self.profile, quantized)
         components.update(synthetic or {})
         if "text" not in components:
             raise ArtifactError("an artifact needs a 'text' component")
@@ -133,7 +152,7 @@ class ArtifactWriter:
             components=components,
             digests=digest_tree(self.tmp),
             created_by=created_by(),
-            extra=dict(extra or {}),
+            extra=extra,
         )
         manifest.write(self.tmp)
         os.chmod(self.tmp, 0o755)

@@ -84,7 +84,7 @@ class Engine:
         # vision residency is frozen here: without a tower, multimodal requests are refused
         self.media = MediaEncoder(vision, self.device) if vision is not None else None
         self.layout = SlotLayout(lanes=config.max_concurrency, draft_slots=draft_slots(config))
-        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        weights = model.weight_bytes()
         self.ledger: SizingLedger = resolve_kv(
             self.text_config,
             config.kv_capacity,

@@ -134,7 +134,7 @@ class Runner:
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)  # the engine thread starts on the default device
         cfg = self.model.config
-        dtype = next(self.model.parameters()).dtype
+        dtype = self.model.dtype
         verify_q = None if self.spec is None else self.spec.k + 1
         try:
             graphs = StepGraphs(

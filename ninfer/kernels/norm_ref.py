@@ -6,6 +6,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ninfer.formats import QuantWeight
+from ninfer.kernels import quant_ref
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """y = (x_f32 * rsqrt(mean(x_f32^2) + eps)) * (1 + w_f32), cast to x's dtype. x: [..., D]; w: [D]."""
@@ -61,13 +64,13 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | QuantWeight) -> torch.Tensor:
     """MLP activation + down projection on the fused gate | up output:
     silu_mul(gate_up[..., :K], gate_up[..., K:]) @ weight.T. gate_up: [..., 2K]; weight: [N, K]. -> [..., N]"""
     k = weight.shape[-1]
     if gate_up.shape[-1] != 2 * k:
         raise ValueError(f"gate_up {tuple(gate_up.shape)} is not gate | up for weight {tuple(weight.shape)}")
-    return F.linear(silu_mul(gate_up[..., :k], gate_up[..., k:]), weight)
+    return F.linear(silu_mul(gate_up[..., :k], gate_up[..., k:]), quant_ref.dense(weight, gate_up.dtype))
 
 
 def shared_expert_add(routed: torch.Tensor, gate_logit: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.kernels import moe_ref, norm_ref
+from ninfer.kernels import moe_ref, norm_ref, quant_ref
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class Ops:
     #  k_scale=None, v_scale=None) -> o [B,q,nh,hd]
     paged_attention: Callable[..., torch.Tensor]
     # (x [N,H], gate_up [E,2Ie,H], down [E,H,Ie], topk_idx [N,k], topk_w [N,k]) -> [N,H]
+    # (gate_up, down: dense tensors or QuantWeights)
     moe_experts: Callable[..., torch.Tensor]
     # the small ops around them (defaults: the torch code of `norm_ref` / `moe_ref`; a backend
     # fuses each into one launch). Inputs may be strided views with a contiguous last dim.
@@ -61,3 +62,6 @@ class Ops:
     # (gate_up [...,2I] = gate | up, weight [N,I]) -> silu_mul(gate, up) @ weight.T [...,N] (the MLP's
     # activation and down projection; a backend may fold the activation into its GEMV's x load)
     swiglu_linear: Callable[..., torch.Tensor] = norm_ref.swiglu_linear
+    # (x [...,K], weight: QuantWeight [N,K]) -> x @ dequant(weight).T [...,N] in x's dtype (every
+    # projection over a quantized weight; a backend reads the packed codes and scales directly)
+    qlinear: Callable[..., torch.Tensor] = quant_ref.qlinear

@@ -18,6 +18,8 @@ from ninfer.model.projections import fuse_linears, linear, project
 STEP_MAX_TOKENS = 16
 # the input projections, in the row order of their fused weight `in_proj_qkvzba`
 IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+# q | k and v split (a quantized artifact whose q / k and v rows take two formats)
+IN_PROJ_SPLIT = ("in_proj_qk", "in_proj_v", "in_proj_z", "in_proj_b", "in_proj_a")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,16 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.nv))
         self.norm = GatedRMSNorm(self.dv, eps=config.rms_norm_eps, ops=ops)
         self.out_proj = nn.Linear(self.value_dim, h, bias=False)
+        self.split_qkv = False  # True after `split_qk_v`: in_proj_qk and in_proj_v instead of in_proj_qkv
+
+    def split_qk_v(self) -> None:
+        """Hold in_proj_qkv as `in_proj_qk` [2 key_dim, H] and `in_proj_v` [value_dim, H]."""
+        h = self.in_proj_qkv.in_features
+        dev = self.in_proj_qkv.weight.device
+        del self.in_proj_qkv
+        self.in_proj_qk = nn.Linear(h, 2 * self.key_dim, bias=False, device=dev)
+        self.in_proj_v = nn.Linear(h, self.value_dim, bias=False, device=dev)
+        self.split_qkv = True
 
     def forward(
         self, x: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, slots: GDNSlots
@@ -57,7 +69,11 @@ class GatedDeltaNet(nn.Module):
         b, q, _ = x.shape
         # qkv [B, q, C] flat [q | k | v]; z [B, q, value_dim]; b_raw, a_raw [B, q, nv] model dtype
         # (views of one [B, q, C + value_dim + 2 nv] output once fused)
-        qkv, z, b_raw, a_raw = project(self, x, "in_proj_qkvzba", IN_PROJ)
+        if self.split_qkv:
+            qk, v, z, b_raw, a_raw = project(self, x, "in_proj_qkvzba", IN_PROJ_SPLIT)
+            qkv = torch.cat([qk, v], dim=-1)  # [B, q, C] for the conv over every channel
+        else:
+            qkv, z, b_raw, a_raw = project(self, x, "in_proj_qkvzba", IN_PROJ)
         z = z.view(b, q, self.nv, self.dv)
         if q <= STEP_MAX_TOKENS or slots.per_token:
             o = self._step(qkv, a_raw, b_raw, conv_pool, ssm_pool, slots)
@@ -67,8 +83,9 @@ class GatedDeltaNet(nn.Module):
         return linear(self.ops, y, self.out_proj.weight)
 
     def fuse_projections(self) -> None:
-        """in_proj_qkv | z | b | a -> one weight `in_proj_qkvzba` [C + value_dim + 2 nv, H]."""
-        fuse_linears(self, "in_proj_qkvzba", IN_PROJ)
+        """in_proj_qkv | z | b | a -> one weight `in_proj_qkvzba` [C + value_dim + 2 nv, H] (split or
+        mixed formats: the runs that share a format)."""
+        fuse_linears(self, "in_proj_qkvzba", IN_PROJ_SPLIT if self.split_qkv else IN_PROJ)
 
     def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[B, q, C] -> q, k [B, q, nk, dk], v [B, q, nv, dv] (views)."""

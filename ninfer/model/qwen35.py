@@ -77,6 +77,31 @@ class Qwen35Model(nn.Module):
             self.layers, self.pool_index = layers, index
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The activation dtype (the norms' weights are always dense, in the model dtype)."""
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    def weight_bytes(self) -> int:
+        """Device bytes of the weights: dense parameters and quantized planes (MTP head included)."""
+        from ninfer.model.quantized import quantized_weights
+
+        dense = sum(p.numel() * p.element_size() for p in self.parameters())
+        return dense + sum(q.nbytes for q in quantized_weights(self))
+
+    def split_projections(self, query_gate: bool, qk_v: bool) -> None:
+        """Before loading: hold every attention layer's query / gate, every GDN layer's q|k / v as
+        separate projections (the layout of a quantized artifact that gives their rows two formats)."""
+        for layer in self.layers:
+            if layer.kind == FULL and query_gate:
+                layer.self_attn.split_query_gate()
+            elif layer.kind != FULL and qk_v:
+                layer.linear_attn.split_qk_v()
+
+    @property
     def mtp_available(self) -> bool:
         return self.mtp is not None
 

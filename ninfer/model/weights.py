@@ -7,10 +7,14 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from ninfer.formats import QuantWeight
 from ninfer.kernels.dispatch import Ops, get_ops
 from ninfer.model.config import TextConfig
 from ninfer.model.mtp import MTPHead
+from ninfer.model.quantized import PlacementError, place, split_names
 from ninfer.model.qwen35 import Qwen35Model
+
+Tensors = Mapping[str, "torch.Tensor | QuantWeight"]
 
 MTP_PREFIX = "mtp."
 
@@ -24,9 +28,15 @@ def _canonical_to_param(name: str) -> str:
     return name[len("model.") :] if name.startswith("model.") else name
 
 
-def _assign(
-    module: nn.Module, tensors: Mapping[str, torch.Tensor], to_param, what: str, dtype, device
-) -> None:
+def _assign(module: nn.Module, tensors: Tensors, to_param, what: str, dtype, device) -> None:
+    """Quantized tensors into their modules (`quantized.place`), then every dense one by name and
+    shape (strict: none missing, none unexpected)."""
+    quant = {to_param(k): v for k, v in tensors.items() if isinstance(v, QuantWeight)}
+    try:
+        place(module, quant, torch.device(device), dtype)
+    except PlacementError as err:
+        raise WeightError(f"{what}: {err}") from None
+    tensors = {k: v for k, v in tensors.items() if not isinstance(v, QuantWeight)}
     expected = {k: tuple(v.shape) for k, v in module.state_dict(keep_vars=True).items()}
     given = {to_param(k): k for k in tensors}
     missing = sorted(set(expected) - set(given))
@@ -57,7 +67,7 @@ def fuse_default(device: torch.device | str) -> bool:
 
 def load_model(
     config: TextConfig,
-    tensors: Mapping[str, torch.Tensor],
+    tensors: Tensors,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     ops: Ops | None = None,
@@ -67,13 +77,20 @@ def load_model(
     (as transformers does). Tensors named `mtp.*`, if present, become the MTP head (`load_mtp`).
 
     fuse: concatenate the projections that read one input (`Qwen35Model.fuse_projections`);
-    None = on CUDA only (a CPU load keeps the tensors it was given, e.g. mmapped, uncopied)."""
+    None = on CUDA only (a CPU load keeps the tensors it was given, e.g. mmapped, uncopied).
+    Quantized tensors (`QuantWeight`) are held as they are: dense tensors are cast, planes are not;
+    an artifact that splits query / gate or GDN q|k / v (`quantized.split_names`) gets the split
+    layers."""
     device = torch.device(device)
     ops = ops or get_ops(device.type)
     text = {k: v for k, v in tensors.items() if not k.startswith(MTP_PREFIX)}
     mtp = {k: v for k, v in tensors.items() if k.startswith(MTP_PREFIX)}
     with torch.device("meta"):
         model = Qwen35Model(config, ops)
+        try:
+            model.split_projections(*split_names(text, "model."))
+        except PlacementError as err:
+            raise WeightError(f"text model: {err}") from None
     _assign(model, text, _canonical_to_param, "text model", dtype, device)
     model.init_buffers(device)
     model.eval().requires_grad_(False)
@@ -86,7 +103,7 @@ def load_model(
 
 def load_mtp(
     config: TextConfig,
-    tensors: Mapping[str, torch.Tensor],
+    tensors: Tensors,
     model: Qwen35Model,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
@@ -99,6 +116,12 @@ def load_mtp(
         raise WeightError(f"MTP weights must be named mtp.*; got {others[:8]}")
     with torch.device("meta"):
         head = MTPHead(config, model.ops)
+        try:
+            query_gate, _ = split_names(tensors, "mtp.")
+        except PlacementError as err:
+            raise WeightError(f"MTP head: {err}") from None
+        if query_gate:
+            head.layers[0].self_attn.split_query_gate()
     _assign(head, tensors, lambda k: k[len(MTP_PREFIX) :], "MTP head", dtype, torch.device(device))
     head.eval().requires_grad_(False)
     if fuse_default(device) if fuse is None else fuse:

@@ -7,6 +7,9 @@ from collections.abc import Mapping
 import torch
 
 from ninfer.engine.api import EngineConfigError
+from ninfer.formats import QuantWeight
+from ninfer.kernels.dispatch import Ops
+from ninfer.kernels.quant_ref import qlinear
 
 
 class DraftHead:
@@ -17,9 +20,11 @@ class DraftHead:
     sampling against the full-head target stays exact).
     """
 
-    def __init__(self, token_ids: torch.Tensor, weight: torch.Tensor, vocab_size: int) -> None:
+    def __init__(
+        self, token_ids: torch.Tensor, weight: torch.Tensor | QuantWeight, vocab_size: int, ops: Ops | None = None
+    ) -> None:
         n = token_ids.shape[0]
-        if token_ids.dim() != 1 or weight.dim() != 2 or weight.shape[0] != n or n == 0:
+        if token_ids.dim() != 1 or len(weight.shape) != 2 or weight.shape[0] != n or n == 0:
             raise EngineConfigError(
                 f"lm_head_draft: token_ids {tuple(token_ids.shape)} and weight {tuple(weight.shape)} "
                 "must be [N] and [N, H] with N > 0"
@@ -29,29 +34,40 @@ class DraftHead:
             raise EngineConfigError(f"lm_head_draft: token_ids must be unique ids in [0, {vocab_size})")
         if n > 1 and not bool((ids[1:] > ids[:-1]).all()):  # ascending: argmax ties go to the lowest id
             ids, order = ids.sort()
-            weight = weight[order.to(weight.device)]
+            order = order.to(weight.device)
+            weight = weight.select_rows(order) if isinstance(weight, QuantWeight) else weight[order]
         self.token_ids = ids  # [N] int64, ascending
-        self.weight = weight  # [N, H]
+        self.weight = weight  # [N, H] dense, or quantized (rows of a quantized lm_head)
+        self.ops = ops  # the backend's qlinear for a quantized weight (None: the reference)
         self.vocab_size = vocab_size
         self._limits: dict[int, torch.Tensor] = {}  # vocab_limit -> columns at or past it [n] int64
 
     @classmethod
     def from_tensors(
         cls,
-        tensors: Mapping[str, torch.Tensor],
+        tensors: Mapping[str, torch.Tensor | QuantWeight],
         vocab_size: int,
         hidden_size: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        ops: Ops | None = None,
     ) -> DraftHead:
         if set(tensors) != {"token_ids", "weight"}:
             raise EngineConfigError(
                 f"lm_head_draft: expected tensors token_ids and weight, got {sorted(tensors)}"
             )
-        w = tensors["weight"]
-        if w.dim() != 2 or w.shape[1] != hidden_size:
+        w, ids = tensors["weight"], tensors["token_ids"]
+        if len(w.shape) != 2 or w.shape[1] != hidden_size or isinstance(ids, QuantWeight):
             raise EngineConfigError(f"lm_head_draft: weight {tuple(w.shape)} is not [N, {hidden_size}]")
-        return cls(tensors["token_ids"].to(device), w.to(device=device, dtype=dtype), vocab_size)
+        weight = w.to(device) if isinstance(w, QuantWeight) else w.to(device=device, dtype=dtype)
+        return cls(ids.to(device), weight, vocab_size, ops)
+
+    def _small(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [B, H] -> float32 logits over the reduced ids [B, N]."""
+        if isinstance(self.weight, QuantWeight):
+            run = qlinear if self.ops is None else self.ops.qlinear
+            return run(hidden, self.weight).float()
+        return (hidden @ self.weight.T).float()
 
     @property
     def size(self) -> int:
@@ -60,7 +76,7 @@ class DraftHead:
     def greedy(self, hidden: torch.Tensor, vocab_limit: int | None = None) -> torch.Tensor:
         """hidden: [B, H] -> [B] int64 the argmax of `logits` (ids >= vocab_limit excluded) without
         the full-vocabulary row: ids are ascending, so ties resolve to the lowest id as there."""
-        small = (hidden @ self.weight.T).float()  # [B, N]
+        small = self._small(hidden)  # [B, N]
         if vocab_limit is not None:
             cols = self._limits.get(vocab_limit)
             if cols is None:
@@ -72,7 +88,7 @@ class DraftHead:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [B, H] -> float32 logits [B, V], -inf outside the reduced ids."""
-        small = (hidden @ self.weight.T).float()  # [B, N]
+        small = self._small(hidden)  # [B, N]
         out = torch.full((hidden.shape[0], self.vocab_size), float("-inf"), device=hidden.device)
         out[:, self.token_ids] = small
         return out

@@ -129,7 +129,7 @@ class MTPDrafter:
             return
         family = DraftFamily(
             self.mtp, self.kv, self._greedy, self.draft_tokens, self.max_batch, self.max_pages,
-            self.mtp.config.hidden_size, self.mtp.fc.weight.dtype, self.device, manager,
+            self.mtp.config.hidden_size, self.mtp.norm.weight.dtype, self.device, manager,
         )  # fmt: skip
         family.register(sizes)
         self._family = family
