@@ -34,6 +34,13 @@ from ninfer.text.tokenizer import Tokenizer
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def unsupported_formats(artifact: Artifact, capability: tuple[int, int] | None) -> str | None:
+    """Why the GPU of `capability` (None: the CPU) cannot run the artifact's weight formats, or None."""
+    from ninfer.kernels.support import unsupported
+
+    return unsupported({s.fmt for specs in artifact.quantized.values() for s in specs.values()}, capability)
+
+
 def build_engine(settings: Settings, artifact: Artifact) -> Engine:
     """Load the artifact's text model (and what --spec and --vision need) and build the engine."""
     model, config, detok, draft_head = engine_parts(settings, artifact)

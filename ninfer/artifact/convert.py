@@ -20,13 +20,13 @@ from ninfer.artifact import profiles, registry
 from ninfer.artifact.errors import ArtifactError
 from ninfer.artifact.hf_source import HfSource, read_hf_source
 from ninfer.artifact.manifest import ArtifactIdentity
+from ninfer.artifact.quantize import store_as
 from ninfer.artifact.reader import MEDIA_CONFIGS, MEDIA_DIR
 from ninfer.artifact.shapes import expected_shapes
 from ninfer.artifact.writer import SHARD_BYTES, ArtifactWriter, generation_json
 from ninfer.formats import QuantWeight
-from ninfer.formats.weight import cat_rows, quantize, stack_experts
+from ninfer.formats.weight import cat_rows, stack_experts
 from ninfer.model.config import TextConfig, UnknownArchitectureError
-from ninfer.model.quantized import split_rows
 
 DTYPES: dict[str, torch.dtype | None] = {"keep": None, "bfloat16": torch.bfloat16, "float32": torch.float32}
 TEMPLATES = ("qwen3_6", "qwen3_5", "qwen3_8")
@@ -284,15 +284,8 @@ def convert(
             if isinstance(t, QuantWeight) or want is None:  # as the checkpoint has it (vision: dense)
                 cw.add_quantized(name, t) if isinstance(t, QuantWeight) else cw.add(name, t)
                 return
-            for p in profiles.plan(profile, config, identity.model_id, name, want):
-                part = t if p.whole is None else t[_rows(config, name, p.name)]
-                if p.fmt is None or not part.is_floating_point():
-                    cw.add(p.name, part)
-                else:
-                    try:
-                        cw.add_quantized(p.name, quantize(part, p.fmt))
-                    except ValueError as err:
-                        raise ArtifactError(f"{p.name}: {err}") from None
+            for stored, part in store_as(profile, config, identity.model_id, name, t):
+                cw.add_quantized(stored, part) if isinstance(part, QuantWeight) else cw.add(stored, part)
 
         for f in src.files:
             with safe_open(str(f), framework="pt", device="cpu") as sf:
@@ -323,9 +316,3 @@ def convert(
             if (src.root / name).is_file():
                 writer.copy_file(f"{MEDIA_DIR}/{name}", src.root / name)
         return writer.finish(identity)
-
-
-def _rows(config: TextConfig, whole: str, part: str) -> torch.Tensor:
-    rows = split_rows(config, whole)
-    assert rows is not None and part in rows, (whole, part)
-    return rows[part]

@@ -99,7 +99,7 @@ def plane_shapes(shape: Sequence[int], fmt: WeightFormat) -> dict[str, tuple[int
         experts = shape[0] if len(shape) == 3 else 1
         return {"base": (rows, k), "scale": (experts * -(-shape[-2] // FP8_BLOCK), -(-k // FP8_BLOCK))}
     kp = padded_k(k)
-    out = {"base": (rows, kp * fmt.base_bits // 8), "scale": (rows, kp // fmt.group)}
+    out: dict[str, tuple[int, ...]] = {"base": (rows, kp * fmt.base_bits // 8), "scale": (rows, kp // fmt.group)}
     if fmt.high_bits:
         out["high"] = (rows, kp * fmt.high_bits // 8)
     return out

@@ -65,3 +65,6 @@ class Ops:
     # (x [...,K], weight: QuantWeight [N,K]) -> x @ dequant(weight).T [...,N] in x's dtype (every
     # projection over a quantized weight; a backend reads the packed codes and scales directly)
     qlinear: Callable[..., torch.Tensor] = quant_ref.qlinear
+    # (weights: list of the QuantWeights prefill chunks multiply, dtype) -> None: what a backend
+    # prepares for them before any step is captured (the triton one: its dequantization scratch)
+    reserve_quantized: Callable[..., None] = quant_ref.reserve_nothing

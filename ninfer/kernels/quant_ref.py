@@ -23,3 +23,7 @@ def qlinear(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
 def expert(w: torch.Tensor | QuantWeight, e: int, dtype: torch.dtype) -> torch.Tensor:
     """Expert e's matrix of a bank [E, N, K] -> [N, K] dense."""
     return w.expert(e).dequantize(dtype) if isinstance(w, QuantWeight) else w[e]
+
+
+def reserve_nothing(weights: list[QuantWeight], dtype: torch.dtype) -> None:
+    """`Ops.reserve_quantized` of the reference: it dequantizes into fresh tensors."""

@@ -92,6 +92,14 @@ class Qwen35Model(nn.Module):
         dense = sum(p.numel() * p.element_size() for p in self.parameters())
         return dense + sum(q.nbytes for q in quantized_weights(self))
 
+    def reserve_quantized(self) -> None:
+        """Let the backend prepare for the quantized weights prefill multiplies (the decoder layers'
+        and the MTP head's; the embedding is looked up and prefill's lm_head takes few rows)."""
+        from ninfer.model.quantized import quantized_weights
+
+        weights = quantized_weights(self.layers) + ([] if self.mtp is None else quantized_weights(self.mtp))
+        self.ops.reserve_quantized(weights, self.dtype)
+
     def split_projections(self, query_gate: bool, qk_v: bool) -> None:
         """Before loading: hold every attention layer's query / gate, every GDN layer's q|k / v as
         separate projections (the layout of a quantized artifact that gives their rows two formats)."""

@@ -98,6 +98,7 @@ def load_model(
         model.fuse_projections()
     if mtp:
         load_mtp(config, mtp, model, dtype, device, fuse)
+    model.reserve_quantized()
     return model
 
 
@@ -129,4 +130,5 @@ def load_mtp(
     assert model.rotary is not None
     head.bind(model.embed_tokens, model.lm_head, model.rotary)
     model.mtp = head
+    model.reserve_quantized()
     return head

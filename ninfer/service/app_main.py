@@ -30,6 +30,7 @@ def check_artifact(settings: Settings, options: ServiceOptions) -> None:
     cannot honour, before the port is bound: the worker would otherwise fail after it."""
     from ninfer.artifact import ensure_demo_artifact, open_artifact
     from ninfer.config import check_against_artifact
+    from ninfer.config.errors import ConfigError
 
     artifact = open_artifact(options.artifact or str(ensure_demo_artifact()))
     check_against_artifact(
@@ -39,6 +40,13 @@ def check_artifact(settings: Settings, options: ServiceOptions) -> None:
         has_vision=artifact.has_component("vision"),
         max_position_embeddings=artifact.config.max_position_embeddings,
     )
+    if artifact.quantized:
+        from ninfer.bootstrap import unsupported_formats
+        from ninfer.service.gpu_probe import device_capability
+
+        why = unsupported_formats(artifact, device_capability(settings.engine.device))
+        if why is not None:
+            raise ConfigError(f"{artifact.path}: {why}")
 
 
 def serve(

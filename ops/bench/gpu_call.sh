@@ -19,7 +19,9 @@
 # result under OUT_DIR/conv35), "prefill_graphs" (prefill_graphs.py on 10- and 8-layer 35B-A3B /
 # 27B artifacts: under OUT_DIR/pg) and "compile" (run.py's torch.compile'd decode on both models,
 # COMPILE_S seconds (400): under OUT_DIR/compile), "grammar_27b" / "grammar_35b" (grammar_overhead.py
-# on the serve steps' synthetic artifacts: under OUT_DIR/grammar). At most
+# on the serve steps' synthetic artifacts: under OUT_DIR/grammar), "quant_tests" (the quantized kernels'
+# tests compiled), "qgemv_micro" (the quantized GEMV's config sweep, QGEMV_ROWS), "bench_27b_q" /
+# "bench_27b_fp8" / "bench_35b_q" (run.py on the groupwise-int / fp8 profile: under OUT_DIR/q). At most
 # eight files land in OUT_DIR (logs, result JSON; the 35B-A3B result under OUT_DIR/m35).
 # BENCH27_ARGS / BENCH35_ARGS replace the benches' section flags (defaults: "--skip hf" and
 # "--skip hf,spec --startup qwen3.6-35b-a3b"); BENCH27_S / BENCH35_S their seconds (300 / 220);
@@ -111,11 +113,23 @@ for step in $steps; do
         run compile "${COMPILE_S:-400}" python3 ops/bench/run.py --quick --models qwen3.6-35b-a3b,qwen3.6-27b \
             --compile qwen3.6-35b-a3b,qwen3.6-27b --skip ttft,prefill,int8,spec,hf \
             --budget-s "$(( ${COMPILE_S:-400} - 20 ))" --out "$out/compile" ;;
+    quant_tests)  # the quantized GEMV, MoE experts and model steps, compiled (TRITON_INTERPRET=0)
+        run quant_tests "${QUANT_TESTS_S:-240}" env TRITON_INTERPRET=0 python3 -m pytest -o addopts="-q -ra -x" -p no:cacheprovider \
+            tests/kernels/test_qgemv.py tests/kernels/test_qmoe.py tests/kernels/test_triton_backend.py ;;
+    qgemv_micro)  # the quantized GEMV's config sweep on the 27B / 35B-A3B decode projections
+        run qgemv_micro "${QGEMV_S:-300}" python3 ops/bench/qgemv_micro.py --out "$out" --rows "${QGEMV_ROWS:-1,8}" ${QGEMV_ARGS:-} ;;
+    bench_27b_q | bench_27b_fp8 | bench_35b_q)  # run.py on a quantized profile (decode, prefill, memory)
+        shape=qwen3.6-27b profile=groupwise-int
+        [ "$step" = bench_27b_fp8 ] && profile=fp8
+        [ "$step" = bench_35b_q ] && shape=qwen3.6-35b-a3b
+        # shellcheck disable=SC2086
+        run "$step" "${BENCHQ_S:-240}" python3 ops/bench/run.py --quick --models "$shape" --weights "$profile" \
+            ${BENCHQ_ARGS:---skip hf,spec,int8,eager,compiled} --budget-s "$(( ${BENCHQ_S:-240} - 20 ))" --out "$out/q" ;;
     micro)
         run micro 90 python3 ops/bench/moe_micro.py --out "$out"
         run micro 60 python3 ops/bench/gemv_micro.py --out "$out"
         ;;
-    *) echo "unknown step $step (bench_27b bench_35b serve_27b serve_35b conversations_35b prefill_graphs grammar_27b grammar_35b compile probe spec_identity moe_sweep kernel_tests micro)" ;;
+    *) echo "unknown step $step (quant_tests qgemv_micro bench_27b_q bench_27b_fp8 bench_35b_q bench_27b bench_35b serve_27b serve_35b conversations_35b prefill_graphs grammar_27b grammar_35b compile probe spec_identity moe_sweep kernel_tests micro)" ;;
     esac
 done
 echo "done in $(($(date +%s) - start)) s"

@@ -22,6 +22,7 @@ from ops.bench.fast_path import check_fast_path
 from ops.bench.hf_baseline import hf_decode_tok_s
 from ops.bench.int8_kv import int8_kv_section
 from ops.bench.shapes import (
+    bits_per_weight,
     build_model,
     hf_shape,
     prefill_flops_per_token,
@@ -71,6 +72,7 @@ class ModelArgs:
     skip: tuple[str, ...]  # first words of section titles
     compile: bool
     no_hf: bool
+    weights: str = "bf16"  # the weight profile the model's tensors take
 
 
 def bench_model(
@@ -90,8 +92,10 @@ def bench_model(
     shape = hf_shape(a.name, a.smoke)
     dtype = getattr(torch, a.es.dtype)
     t0 = time.perf_counter()
-    model = build_model(shape, a.backend, a.es.device, dtype)
+    model = build_model(shape, a.backend, a.es.device, dtype, a.weights)
     res.update({"backend": a.backend, "device": a.es.device, "smoke": a.smoke, "skipped": []})
+    res["weights"], res["bits_per_weight"] = a.weights, bits_per_weight(model)
+    res["weight_bytes"] = model.weight_bytes()
     res["build_s"] = time.perf_counter() - t0
     cfg, sz = model.config, a.sizes
     log(f"{a.name}: built in {res['build_s']:.1f}s")
@@ -207,6 +211,7 @@ def bench_model(
         save()
 
     res["peak_mem_GiB"] = torch.cuda.max_memory_allocated() / GiB if cuda else None
+    res["peak_gpu_bytes"] = torch.cuda.max_memory_allocated() if cuda else None
     if not a.no_hf and section("hf baseline", need(60)):
         try:
             res["hf_decode_tok_s_bs1"] = hf_decode_tok_s(model, shape, sz.hf_prompt, a.hf_tokens)

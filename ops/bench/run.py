@@ -37,6 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from ninfer.artifact.profiles import PROFILES  # noqa: E402
 from ninfer.kernels.dispatch import backends  # noqa: E402
 from ninfer.service.compile_cache import setup_compile_cache  # noqa: E402
 from ops.bench.ceilings import GiB, copy_bandwidth_TBps, matmul_peak_TFLOPs  # noqa: E402
@@ -78,6 +79,7 @@ def model_args(name: str, args: argparse.Namespace) -> ModelArgs:
         skip=tuple(s for s in args.skip.split(",") if s),
         compile=name in args.compile.split(","),
         no_hf=args.no_hf,
+        weights=args.weights,
     )
 
 
@@ -108,7 +110,8 @@ def run_child(name: str, args: argparse.Namespace, bw: float, peak: float, secon
             "--backend", args.backend, "--device", args.device, "--dtype", args.dtype,
             "--prefill-chunk", str(args.prefill_chunk), "--decode-tokens", str(args.decode_tokens),
             "--hf-tokens", str(args.hf_tokens), "--proposal-ids", str(args.proposal_ids),
-            "--compile", args.compile, "--skip", args.skip, "--out", args.out]  # fmt: skip
+            "--compile", args.compile, "--skip", args.skip, "--out", args.out,
+            "--weights", args.weights]  # fmt: skip
     argv += [
         "--spec-ks",
         args.spec_ks,
@@ -165,6 +168,8 @@ def parse_args() -> argparse.Namespace:
     )
     ap.add_argument("--spec-batches", default="", help="speculative rows: batch sizes, comma list")
     ap.add_argument("--quick", action="store_true", help="fewer sizes (512/4k TTFT, batch 1 and 8, k 1/3/5)")
+    ap.add_argument("--weights", default="bf16", choices=PROFILES,
+                    help="weight profile of the random model (quantized profiles draw the planes directly)")  # fmt: skip
     ap.add_argument("--compile", default="", help="models (comma list) whose torch.compile'd decode is timed")
     ap.add_argument(
         "--skip", default="", help="sections to leave out: eager,compiled,ttft,prefill,int8,spec,hf"
@@ -205,11 +210,13 @@ def main() -> None:
         "gpu": meta["gpu"] if cuda else None,
         "device": args.device,
         "smoke": args.smoke,
+        "weights": args.weights,
         **{k: meta[k] for k in ("torch", "triton", "command")},
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{dt.date.today().isoformat()}-{commit}{'-smoke' if args.smoke else ''}.json"
+    profile = "" if args.weights == "bf16" else f"-{args.models.replace(',', '-')}-{args.weights}"
+    path = out / f"{dt.date.today().isoformat()}-{commit}{profile}{'-smoke' if args.smoke else ''}.json"
     mm = (1024, torch.float32) if args.smoke else (8192, torch.bfloat16)
     result["copy_bandwidth_TBps"] = copy_bandwidth_TBps(args.device, (64 << 20) if args.smoke else 4 * GiB)
     result["matmul_bf16_TFLOPs"] = matmul_peak_TFLOPs(args.device, mm[0], mm[1], reps=5 if args.smoke else 20)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,9 +68,15 @@ def init_random_(module: torch.nn.Module, gen: torch.Generator) -> None:
                 p.normal_(0.0, 0.02, generator=gen)
 
 
-def build_model(shape: dict[str, Any], backend: str, device: str, dtype: torch.dtype) -> Qwen35Model:
-    """Model of `shape` with random weights drawn directly on `device` (no host copy of a full model)."""
+def build_model(
+    shape: dict[str, Any], backend: str, device: str, dtype: torch.dtype, weights: str = "bf16"
+) -> Qwen35Model:
+    """Model of `shape` with random weights drawn directly on `device` (no host copy of a full model).
+    `weights`: a weight profile other than bf16 draws the profile's quantized planes (as a synthetic
+    artifact of that profile loads) and loads them through the engine's loader."""
     cfg = TextConfig.from_hf(shape)
+    if weights != "bf16":
+        return _quantized_model(cfg, backend, device, dtype, weights)
     gen = torch.Generator(device=device).manual_seed(0)
     ops = get_ops(torch.device(device).type, backend)  # outside meta: backends probe kernels on the device
     with torch.device("meta"):
@@ -81,6 +88,26 @@ def build_model(shape: dict[str, Any], backend: str, device: str, dtype: torch.d
     if fuse_default(device):  # as the engine's loader does (fewer, larger GEMMs per layer)
         model.fuse_projections()
     return model
+
+
+def _quantized_model(cfg: TextConfig, backend: str, device: str, dtype: torch.dtype, weights: str) -> Qwen35Model:
+    import dataclasses
+    import tempfile
+
+    from ninfer.artifact import open_artifact, registry
+    from ninfer.artifact.synth import write_synthetic
+    from ninfer.model.weights import load_model
+
+    ident = registry.lookup("qwen3.6-35b-a3b" if cfg.is_moe else "qwen3.6-27b")  # the profile's recipe
+    assert ident is not None
+    cfg = dataclasses.replace(cfg, mtp_num_hidden_layers=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        art = open_artifact(
+            write_synthetic(Path(tmp) / "bench.ninfer", cfg, ident, seed=0, label="bench", display="bench", weights=weights)
+        )
+        tensors = art.load_tensors("text", device=device)
+    ops = get_ops(torch.device(device).type, backend)
+    return load_model(art.config, tensors, dtype, device, ops=ops)
 
 
 def attach_mtp(model: Qwen35Model, device: str, dtype: torch.dtype) -> MTPHead:
@@ -107,18 +134,43 @@ def _trunk_params(model: Qwen35Model) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if not n.startswith("mtp.")]
 
 
+def _trunk_weights(model: Qwen35Model) -> list[tuple[str, int, int, int]]:
+    """(name, bytes, logical elements, rows) of every trunk weight, dense parameters and quantized
+    planes alike (the MTP head excluded)."""
+    from ninfer.formats import QuantWeight
+
+    out = [(n, p.numel() * p.element_size(), p.numel(), p.shape[0] if p.dim() else 1) for n, p in _trunk_params(model)]
+    for mname, m in model.named_modules():
+        if mname.startswith("mtp"):
+            continue
+        for attr, v in vars(m).items():
+            if isinstance(v, QuantWeight):
+                numel = v.rows * v.k
+                out.append((f"{mname}.{attr}".lstrip("."), v.nbytes, numel, v.shape[0]))
+    return out
+
+
 def weight_bytes_per_token(model: Qwen35Model) -> int:
     """Bytes of weights one decode step must read at batch 1 (embedding: one row; MoE: top-k experts)."""
     cfg = model.config
     total = 0
-    for pname, p in _trunk_params(model):
-        nbytes = p.numel() * p.element_size()
+    for pname, nbytes, _, rows in _trunk_weights(model):
         if pname.startswith("embed_tokens"):
-            nbytes = p.shape[1] * p.element_size()
+            nbytes = nbytes // rows
         elif ".experts." in pname and cfg.num_experts:
             nbytes = nbytes * cfg.num_experts_per_tok // cfg.num_experts
         total += nbytes
     return total
+
+
+def bits_per_weight(model: Qwen35Model) -> float:
+    """Stored bits per logical weight over the trunk's matrices (embedding and lm_head included)."""
+    nbytes = elems = 0
+    for pname, b, n, _ in _trunk_weights(model):
+        if "norm" in pname or pname.endswith(("A_log", "dt_bias", "conv1d.weight")):
+            continue
+        nbytes, elems = nbytes + b, elems + n
+    return 8 * nbytes / max(1, elems)
 
 
 def state_bytes_per_token(cfg: TextConfig, context: int, kv_elem: int = 2) -> int:
@@ -132,10 +184,9 @@ def prefill_flops_per_token(model: Qwen35Model, context: int) -> float:
     """2 x active non-embedding parameters + attention score/value FLOPs at average context/2."""
     cfg = model.config
     active = 0
-    for pname, p in _trunk_params(model):
+    for pname, _, n, _ in _trunk_weights(model):
         if pname.startswith("embed_tokens"):
             continue
-        n = p.numel()
         if ".experts." in pname and cfg.num_experts:
             n = n * cfg.num_experts_per_tok // cfg.num_experts
         active += n

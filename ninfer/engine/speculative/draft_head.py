@@ -8,7 +8,7 @@ import torch
 
 from ninfer.engine.api import EngineConfigError
 from ninfer.formats import QuantWeight
-from ninfer.kernels.dispatch import Ops
+from ninfer.kernels.ops import Ops
 from ninfer.kernels.quant_ref import qlinear
 
 

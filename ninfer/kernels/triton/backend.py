@@ -17,6 +17,9 @@ Per phase (what `ninfer.model` calls):
   (attention output gate, SwiGLU, shared-expert add): one Triton launch each (`norms`, `gates`).
 * Projections: the GEMV for few rows where it beats cuBLAS (`gemv.use_gemv`), else F.linear; the
   MLP's SwiGLU folds into its down projection's GEMV where the GEMV takes that projection.
+  Quantized weights (`Ops.qlinear`): the quantized GEMV reading codes and scales for <= 64 rows
+  (`qgemv`), else the weight dequantized into a reused scratch and F.linear (`dequant`); quantized
+  expert banks the same way (`moe_qkernels` for few rows, dequantized banks + grouped GEMMs above).
 Every Triton op is called through its `torch.library` custom op (`library`), so torch.compile
 keeps it as one opaque node.
 """
@@ -29,10 +32,11 @@ from collections.abc import Callable
 
 import torch
 
+from ninfer.formats import QuantWeight
 from ninfer.kernels import conv_ref, gdn_ref, moe_ref
 from ninfer.kernels.moe_grouped import moe_experts_grouped
 from ninfer.kernels.ops import Ops
-from ninfer.kernels.triton import gemv, moe, prefill_attention
+from ninfer.kernels.triton import dequant, gemv, moe, prefill_attention
 from ninfer.kernels.triton import library as lib
 from ninfer.kernels.triton.gdn_decode import recurrent_gated_delta_rule as triton_recurrent
 from ninfer.kernels.triton.kv_int8 import write_kv_int8
@@ -158,13 +162,26 @@ def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
 
 def moe_experts(
     x: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
+    gate_up: torch.Tensor | QuantWeight,
+    down: torch.Tensor | QuantWeight,
     topk_idx: torch.Tensor,
     topk_w: torch.Tensor,
 ) -> torch.Tensor:
-    """`moe_ref.moe_experts`'s contract without host syncs where possible (see the module docstring)."""
-    if topk_idx.numel() <= moe.SMALL_MAX_ROWS and topk_idx.shape[0] <= moe.SMALL_MAX_TOKENS:
+    """`moe_ref.moe_experts`'s contract without host syncs where possible (see the module docstring).
+    Quantized banks: the small path decodes them in its kernels; more rows dequantize both banks into
+    the scratch and take the grouped GEMMs (or the reference loop)."""
+    small = topk_idx.numel() <= moe.SMALL_MAX_ROWS and topk_idx.shape[0] <= moe.SMALL_MAX_TOKENS
+    if isinstance(gate_up, QuantWeight) and isinstance(down, QuantWeight):
+        if small:
+            return lib.moe_experts_quantized_small(x, gate_up, down, topk_idx, topk_w)
+        if not grouped_mm_works(x.device, x.dtype):
+            return moe_ref.moe_experts(x, gate_up, down, topk_idx, topk_w)
+        gu = dequant.dequantize(gate_up, x.dtype)
+        dn = dequant.dequantize(down, x.dtype, offset=gate_up.rows * gate_up.k)
+        return moe_experts_grouped(x, gu, dn, topk_idx, topk_w)
+    if isinstance(gate_up, QuantWeight) or isinstance(down, QuantWeight):
+        raise TypeError("an expert bank pair is both quantized or both dense")
+    if small:
         return lib.moe_experts_small(x, gate_up, down, topk_idx, topk_w)
     if grouped_mm_works(x.device, x.dtype):
         return moe_experts_grouped(x, gate_up, down, topk_idx, topk_w)
@@ -178,18 +195,31 @@ def moe_experts(
 SWIGLU_FUSED_MAX_ELEMS = 1 << 22
 
 
-def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | QuantWeight) -> torch.Tensor:
     """`Ops.swiglu_linear`: gate_up [..., 2I] (gate | up), weight [N, I] -> [..., N]. One GEMV launch
     with silu(gate) * up on its x load where `linear` would take the GEMV for these rows and the
     weight is small (`SWIGLU_FUSED_MAX_ELEMS`; bit-identical to the two launches), else the SwiGLU
-    launch and `linear`."""
+    launch and `linear` (a quantized weight: the SwiGLU launch and `qlinear`)."""
     k = weight.shape[-1]
     if gate_up.shape[-1] != 2 * k:
         raise ValueError(f"gate_up {tuple(gate_up.shape)} is not gate | up for weight {tuple(weight.shape)}")
     gate, up = gate_up[..., :k], gate_up[..., k:]  # [..., I] views
+    if isinstance(weight, QuantWeight):
+        return lib.qlinear(lib.silu_mul(gate, up), weight)
     if weight.numel() <= SWIGLU_FUSED_MAX_ELEMS and gemv.use_gemv(gate, weight):
         return lib.swiglu_linear_op(gate_up, weight)
     return lib.linear(lib.silu_mul(gate, up), weight)
+
+
+def reserve_quantized(weights: list[QuantWeight], dtype: torch.dtype) -> None:
+    """Size the dequantization scratch before capture: the largest matrix, or the largest pair of
+    expert banks (a prefill's MoE dequantizes gate_up and down together)."""
+    if not weights:
+        return
+    mats = [w.rows * w.k for w in weights if len(w.shape) == 2]
+    banks = sorted((w.rows * w.k for w in weights if len(w.shape) == 3), reverse=True)
+    need = max(max(mats, default=0), sum(banks[:2]))
+    dequant.reserve(need, weights[0].device, dtype)
 
 
 def triton_ops() -> Ops:
@@ -219,4 +249,6 @@ def triton_ops() -> Ops:
         moe_route=lib.moe_route,
         linear=lib.linear,
         swiglu_linear=swiglu_linear,
+        qlinear=lib.qlinear,
+        reserve_quantized=reserve_quantized,
     )

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ninfer.kernels.triton import gates, gemv, moe, norms
+from ninfer.formats import QuantWeight, format_of
+from ninfer.kernels.triton import dequant, gates, gemv, moe, norms, qgemv
 from ninfer.kernels.triton.conv_step import conv_step as _conv_step
 from ninfer.kernels.triton.gdn_decode import gdn_decode_step as _gdn_step
 from ninfer.kernels.triton.kv_write import write_kv as _write_kv
@@ -207,3 +208,56 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     if gemv.use_gemv(x, weight):
         return gemv_op(x, weight)
     return torch.nn.functional.linear(x, weight)
+
+
+def _weight(fmt: str, shape: list[int], base: Tensor, high: Tensor | None, scale: Tensor) -> QuantWeight:
+    return QuantWeight(format_of(fmt), tuple(shape), base, high, scale)
+
+
+@_lib.custom_op("ninfer::qgemv", mutates_args=())
+def qgemv_op(x: Tensor, base: Tensor, high: Tensor | None, scale: Tensor, fmt: str, shape: list[int]) -> Tensor:
+    """The quantized GEMV: x [..., K] @ dequant(W [N, K])^T for <= qgemv.MAX_ROWS rows."""
+    return qgemv.qgemv(x, _weight(fmt, shape, base, high, scale))
+
+
+@qgemv_op.register_fake
+def _(x: Tensor, base: Tensor, high: Tensor | None, scale: Tensor, fmt: str, shape: list[int]) -> Tensor:
+    return _like(x, (*x.shape[:-1], shape[0]))
+
+
+def qlinear(x: Tensor, w: QuantWeight) -> Tensor:
+    """`Ops.qlinear`: the quantized GEMV for <= qgemv.MAX_ROWS rows on the GPU, else the weight
+    dequantized into the scratch (`dequant`) and F.linear."""
+    m = x.numel() // max(1, x.shape[-1])
+    if m <= qgemv.MAX_ROWS:
+        return qgemv_op(x, w.base, w.high, w.scale, w.fmt.name, list(w.shape))
+    return torch.nn.functional.linear(x, dequant.dequantize(w, x.dtype))
+
+
+@_lib.custom_op("ninfer::moe_experts_small_q", mutates_args=())
+def moe_experts_small_q(
+    x: Tensor,
+    gu_base: Tensor, gu_high: Tensor | None, gu_scale: Tensor, gu_fmt: str, gu_shape: list[int],
+    dn_base: Tensor, dn_high: Tensor | None, dn_scale: Tensor, dn_fmt: str, dn_shape: list[int],
+    topk_idx: Tensor, topk_w: Tensor,
+) -> Tensor:  # fmt: skip
+    """`moe.moe_experts_small_quantized` over the banks' planes."""
+    gate_up = _weight(gu_fmt, gu_shape, gu_base, gu_high, gu_scale)
+    down = _weight(dn_fmt, dn_shape, dn_base, dn_high, dn_scale)
+    return moe.moe_experts_small_quantized(x, gate_up, down, topk_idx, topk_w)
+
+
+@moe_experts_small_q.register_fake
+def _(x: Tensor, *args: object) -> Tensor:
+    return _like(x)
+
+
+def moe_experts_quantized_small(
+    x: Tensor, gate_up: QuantWeight, down: QuantWeight, topk_idx: Tensor, topk_w: Tensor
+) -> Tensor:
+    return moe_experts_small_q(
+        x,
+        gate_up.base, gate_up.high, gate_up.scale, gate_up.fmt.name, list(gate_up.shape),
+        down.base, down.high, down.scale, down.fmt.name, list(down.shape),
+        topk_idx, topk_w,
+    )  # fmt: skip

@@ -22,9 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.formats import QuantWeight
 from ninfer.kernels.triton import pdl
 from ninfer.kernels.triton._checks import check_devices, check_int_index
 from ninfer.kernels.triton.moe_kernels import down_kernel, expert_sum_kernel, gate_up_kernel
+from ninfer.kernels.triton.moe_qkernels import down_q_kernel, gate_up_q_kernel
 from ninfer.kernels.triton.pdl import pdl_enter
 
 SMALL_MAX_ROWS = 384  # N·k up to this many (token, expert) rows use `moe_experts_small`
@@ -148,6 +150,77 @@ def moe_experts_small(
 
 
 _DOT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_FMT_IDS = {"q4_g64": 0, "q5_g64": 1, "q6_g64": 2, "q8_g32": 3, "fp8_e4m3_b128": 4}
+
+
+def moe_experts_small_quantized(
+    x: torch.Tensor,
+    gate_up: QuantWeight,
+    down: QuantWeight,
+    topk_idx: torch.Tensor,
+    topk_w: torch.Tensor,
+    *,
+    block_n: int | None = None,
+    magic: bool = True,
+) -> torch.Tensor:
+    """`moe_experts_small` over quantized banks (gate_up [E, 2*Ie, H], down [E, H, Ie] as
+    `QuantWeight`s): the same three launches, each weight group decoded from its codes and scales
+    (`moe_qkernels`). `magic`: bit-operation decoding (False: plain conversions, the interpreter's)."""
+    n, k = topk_idx.shape
+    e, two_ie, h = gate_up.shape
+    ie = two_ie // 2
+    if len(gate_up.shape) != 3 or down.shape != (e, h, ie) or x.shape != (n, h) or topk_w.shape != (n, k):
+        raise ValueError(
+            f"x {tuple(x.shape)}, gate_up {gate_up.shape}, down {down.shape}, topk {tuple(topk_idx.shape)} "
+            "do not fit [N,H], [E,2Ie,H], [E,H,Ie], [N,k]"
+        )
+    if n > SMALL_MAX_TOKENS:
+        raise ValueError(f"moe_experts_small takes at most {SMALL_MAX_TOKENS} tokens; got {n}")
+    if x.dtype not in _DOT_DTYPES:
+        raise TypeError(f"x must be bf16 / fp16 / fp32; got {x.dtype}")
+    check_int_index("topk_idx", topk_idx)
+    check_devices(x, gate_up.base, down.base, topk_idx, topk_w)
+    x = x.contiguous()
+    idx, tw = topk_idx.reshape(-1).contiguous(), topk_w.reshape(-1).contiguous()
+    act = torch.empty(n * k, ie, dtype=x.dtype, device=x.device)
+    z = torch.empty(n * k, h, dtype=x.dtype, device=x.device)
+    y = torch.empty(n, h, dtype=x.dtype, device=x.device)
+    if n == 0:
+        return y
+    cfg = pick_config(n, k, e, h, ie, block_n, None, elem_size=x.element_size())
+    kp, np_ = triton.next_power_of_2(k), max(16, triton.next_power_of_2(n))
+    xdt = _DOT_DTYPES.index(x.dtype)
+    xdt = {0: 1, 1: 2, 2: 0}[xdt]  # kernels' XDT: 0 fp32, 1 bf16, 2 fp16
+    for name, w, kern, rows_out, groups in (
+        ("gate_up", gate_up, gate_up_q_kernel, cfg.gate_up_bn, _groups(gate_up)),
+        ("down", down, down_q_kernel, cfg.down_bn, _groups(down)),
+    ):
+        high = w.high if w.high is not None else w.base
+        fmt = _FMT_IDS[w.fmt.name]
+        if name == "gate_up":
+            kern[(n * k, triton.cdiv(ie, rows_out))](
+                x, w.base, high, w.scale, idx, act, n, h, ie, groups,
+                x.stride(0), w.base.stride(0), high.stride(0), w.scale.stride(0), act.stride(0),
+                K=k, KP=kp, NP=np_, BN=rows_out, FMT=fmt, MAGIC=magic, XDT=xdt,
+                num_warps=4, num_stages=3, **pdl.launch(x),
+            )  # fmt: skip
+        else:
+            kern[(n * k, triton.cdiv(h, rows_out))](
+                act, w.base, high, w.scale, idx, tw, z, n, h, ie, groups,
+                act.stride(0), w.base.stride(0), high.stride(0), w.scale.stride(0), z.stride(0),
+                K=k, KP=kp, NP=np_, BN=rows_out, FMT=fmt, MAGIC=magic, XDT=xdt,
+                num_warps=4, num_stages=3, **pdl.launch(x),
+            )  # fmt: skip
+    block = min(SUM_BLOCK, triton.next_power_of_2(h))
+    expert_sum_kernel[(n, triton.cdiv(h, block))](
+        z, y, h, z.stride(0), y.stride(0), K=k, BLOCK=block, num_warps=4, **pdl.launch(x)
+    )
+    return y
+
+
+def _groups(w: QuantWeight) -> int:
+    """Scale groups along K of a bank's rows (fp8: 128-lane blocks)."""
+    return w.scale.shape[1]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,82 @@
+"""Dequantization into a reused buffer (Triton), for the calls with many rows (prefill chunks): the
+weight's codes and scales decoded to the activation dtype, then one dense GEMM (cuBLAS / grouped mm).
+
+Every launch writes into one scratch buffer per (device, dtype), sized before capture to the largest
+quantized weight the model holds (`reserve`); a call finds it there, so captured prefill graphs never
+allocate. The values are fp32(scale) * code rounded once to the dtype."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.formats import QuantWeight
+from ninfer.kernels.triton.qdecode import decode_group
+
+_FMT_IDS = {"q4_g64": 0, "q5_g64": 1, "q6_g64": 2, "q8_g32": 3, "fp8_e4m3_b128": 4}
+BLOCK_ROWS = 32
+_SCRATCH: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+@triton.jit
+def _dequant_kernel(
+    base_ptr, high_ptr, scale_ptr, out_ptr,  # planes of R rows; out [R, K]
+    R, K, N_PER, sb, sh, ss, so,
+    FMT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Program (row block, group): BLOCK rows' lanes of one scale group, written as out's dtype."""
+    G: tl.constexpr = 64 if FMT < 3 else (32 if FMT == 3 else 128)
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    g = tl.program_id(1)
+    rowc = tl.minimum(rows, R - 1).to(tl.int64)
+    if FMT == 4:  # each expert's own 128-row blocks (N_PER rows an expert; R for a matrix)
+        srow = (rowc // N_PER) * ((N_PER + 127) // 128) + (rowc % N_PER) // 128
+    else:
+        srow = rowc
+    we, wo, s = decode_group(
+        base_ptr, high_ptr, scale_ptr, rowc, srow, g, K, sb, sh, ss, FMT, False, False, tl.float32
+    )
+    dt = out_ptr.dtype.element_ty
+    live = rows[:, None] < R
+    if FMT < 3:
+        k_e = g * G + 2 * tl.arange(0, G // 2)
+        ptr = out_ptr + rowc[:, None] * so + k_e[None, :]
+        tl.store(ptr, (we * s[:, None]).to(dt), mask=live & (k_e[None, :] < K))
+        tl.store(ptr + 1, (wo * s[:, None]).to(dt), mask=live & (k_e[None, :] + 1 < K))
+    else:
+        kk = g * G + tl.arange(0, G)
+        tl.store(
+            out_ptr + rowc[:, None] * so + kk[None, :],
+            (we * s[:, None]).to(dt),
+            mask=live & (kk[None, :] < K),
+        )
+
+
+def reserve(numel: int, device: torch.device, dtype: torch.dtype) -> None:
+    """Make the scratch of (device, dtype) hold at least `numel` elements (call before capture)."""
+    key = (torch.device(device), dtype)
+    cur = _SCRATCH.get(key)
+    if cur is None or cur.numel() < numel:
+        _SCRATCH.pop(key, None)
+        _SCRATCH[key] = torch.empty(numel, dtype=dtype, device=device)
+
+
+def _scratch(numel: int, offset: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    reserve(offset + numel, device, dtype)
+    return _SCRATCH[(torch.device(device), dtype)][offset : offset + numel]
+
+
+def dequantize(w: QuantWeight, dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
+    """w decoded into the scratch (elements [offset, offset + numel)) -> a tensor of w's logical shape.
+    The result is valid until the next call that writes the same range."""
+    r, k = w.rows, w.k
+    out = _scratch(r * k, offset, w.device, dtype).view(r, k)
+    high = w.high if w.high is not None else w.base
+    groups = w.scale.shape[1]
+    _dequant_kernel[(triton.cdiv(r, BLOCK_ROWS), groups)](
+        w.base, high, w.scale, out, r, k, w.n, w.base.stride(0), high.stride(0), w.scale.stride(0), out.stride(0),
+        FMT=_FMT_IDS[w.fmt.name], BLOCK=BLOCK_ROWS, num_warps=4,
+    )  # fmt: skip
+    return out.view(w.shape)

@@ -1,0 +1,190 @@
+"""Quantized decode GEMV / small GEMM (Triton): y[M, N] = x[M, K] @ dequant(W)[N, K]^T for few rows,
+reading W's packed codes and scales directly (the bytes a step streams are the format's bytes).
+
+One loop iteration covers one scale group of G lanes of BLOCK_N rows (groupwise: G = 64 for
+Q4 / Q5 / Q6, 32 for W8; fp8: a 128-lane block, one scale per 128 x 128 block). A group's codes are
+decoded to exact values in registers, multiplied with x (fp32 products and sums) and the group's
+partial sum is scaled once (sum_k x_k q_k) * s, which equals sum_k x_k (q_k s) up to fp32 rounding.
+
+Q4 / Q5 / Q6 codes are split by lane parity: byte j of a group's base plane holds lanes 2j (low
+nibble) and 2j + 1 (high nibble), so the kernel multiplies the even lanes with x[2j] and the odd ones
+with x[2j + 1] (strided x loads, no shuffle of codes). Q5 / Q6 high bits come from the group's 8 / 16
+high-plane bytes. Decoding (`MAGIC`): 1 builds each code's value with bit operations and one add
+(offset code | 0x4B000000 read as fp32 is 2^23 + offset; for bf16 tiles, offset | 0x4300 read as
+bf16 is 128 + offset, the offset removed after the dot by the group's x sum), avoiding the slow
+integer-to-float conversions; 0 converts plainly (the CPU interpreter's path and the reference of 1).
+
+`USE_DOT`: the group's [BLOCK_M, G] x [G, BLOCK_N] product on the tensor cores (rows padded to 16);
+else broadcast multiplies on the CUDA cores accumulated per lane and reduced once at the end (one or
+two rows). Long K is split across programs into fp32 partials summed in a fixed order by a second
+launch (`gemv._split_sum_kernel`), so results do not depend on scheduling. Configs come from a
+shape heuristic (`pick_config`), never from run-time autotuning, so a call can be graph-captured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.formats import QuantWeight
+from ninfer.kernels.triton import pdl
+from ninfer.kernels.triton.gemv import _INTERPRET, NUM_SMS, _split_sum_kernel
+from ninfer.kernels.triton.pdl import pdl_enter
+from ninfer.kernels.triton.qdecode import decode_group
+
+MAX_ROWS = 64  # M above this goes to dequantize + torch.nn.functional.linear (`dequant.py`)
+FMT_IDS = {"q4_g64": 0, "q5_g64": 1, "q6_g64": 2, "q8_g32": 3, "fp8_e4m3_b128": 4}
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class QGemvConfig:
+    """Launch parameters of one quantized GEMV call."""
+
+    block_m: int
+    block_n: int
+    split: int  # programs along K sharing one N block
+    num_warps: int
+    num_stages: int
+    use_dot: bool
+    magic: bool
+
+
+@triton.jit
+def _qgemv_kernel(
+    x_ptr, base_ptr, high_ptr, scale_ptr, y_ptr,
+    M, N, K, GROUPS, G_PER_SPLIT,
+    sx, sb, sh, ss, sy_split, sy,
+    FMT: tl.constexpr,  # 0 q4 1 q5 2 q6 3 w8 4 fp8
+    XDT: tl.constexpr,  # x's dtype: 0 fp32, 1 bf16, 2 fp16
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    MAGIC: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    pdl_enter(PDL)
+    IEEE: tl.constexpr = XDT == 0
+    BF16_MAGIC: tl.constexpr = MAGIC and USE_DOT and XDT == 1 and FMT < 3
+    cdt: tl.constexpr = (
+        (tl.float32 if XDT == 0 else (tl.bfloat16 if XDT == 1 else tl.float16)) if USE_DOT else tl.float32
+    )
+    G: tl.constexpr = 64 if FMT < 3 else (32 if FMT == 3 else 128)
+    SIGN: tl.constexpr = 8 if FMT == 0 else (16 if FMT == 1 else (32 if FMT == 2 else 128))
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)  # rows past the end are read again, never stored
+    rows_x = tl.minimum(offs_m, M - 1).to(tl.int64)
+    g_lo = pid_k * G_PER_SPLIT
+    g_hi = tl.minimum(g_lo + G_PER_SPLIT, GROUPS)
+    if USE_DOT:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    else:
+        HALF_ACC: tl.constexpr = G // 2 if FMT < 3 else G
+        acc3 = tl.zeros([BLOCK_M, BLOCK_N, HALF_ACC], dtype=tl.float32)
+    if FMT == 4:
+        srow = rows_w // 128  # the row's 128-row scale block
+    else:
+        srow = rows_w
+    half = tl.arange(0, G // 2)
+    for g in range(g_lo, g_hi):
+        we, wo, s = decode_group(
+            base_ptr, high_ptr, scale_ptr, rows_w, srow, g, K, sb, sh, ss, FMT, MAGIC, BF16_MAGIC, cdt
+        )
+        if FMT < 3:  # the even lanes multiply x[2j], the odd ones x[2j + 1]
+            k_e = g * G + 2 * half
+            xe = tl.load(x_ptr + rows_x[:, None] * sx + k_e[None, :], mask=k_e[None, :] < K, other=0.0)
+            xo = tl.load(
+                x_ptr + rows_x[:, None] * sx + k_e[None, :] + 1, mask=k_e[None, :] + 1 < K, other=0.0
+            )
+        else:
+            k_off = g * G + tl.arange(0, G)
+            xe = tl.load(x_ptr + rows_x[:, None] * sx + k_off[None, :], mask=k_off[None, :] < K, other=0.0)
+            xo = xe
+        if USE_DOT:
+            if IEEE:
+                p = tl.dot(xe, tl.trans(we), input_precision="ieee")
+                if FMT < 3:
+                    p = tl.dot(xo, tl.trans(wo), p, input_precision="ieee")
+            else:
+                p = tl.dot(xe.to(cdt), tl.trans(we))
+                if FMT < 3:
+                    p = tl.dot(xo.to(cdt), tl.trans(wo), p)
+            if BF16_MAGIC:  # the values were 128 + SIGN + q
+                xsum = tl.sum(xe.to(tl.float32), axis=1) + tl.sum(xo.to(tl.float32), axis=1)
+                p = p - (128.0 + SIGN) * xsum[:, None]
+            acc += p * s[None, :]
+        else:
+            part = xe.to(tl.float32)[:, None, :] * we[None, :, :]
+            if FMT < 3:
+                part += xo.to(tl.float32)[:, None, :] * wo[None, :, :]
+            acc3 += part * s[None, :, None]
+    if not USE_DOT:
+        acc = tl.sum(acc3, axis=2)
+    y_ptrs = y_ptr + pid_k * sy_split + offs_m[:, None] * sy + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def pick_config(
+    m: int, n: int, groups: int, fmt: str, dtype: torch.dtype, num_sms: int = NUM_SMS
+) -> QGemvConfig:
+    """The launch config by shape: one or two rows on the CUDA cores (32 rows of W a program), more
+    on the tensor cores (64 rows), ~4 programs per SM after the split along K; `magic` decoding
+    except under the interpreter. Unmeasured defaults: `ops/bench/qgemv_micro.py` sweeps them."""
+    use_dot = m > 2
+    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    if not use_dot:
+        block_m = triton.next_power_of_2(m)
+    block_n = 64 if use_dot else 32
+    n_blocks = triton.cdiv(n, block_n)
+    split = 1
+    target = 4 * num_sms
+    if n_blocks < target:
+        split = max(1, min(triton.cdiv(target, n_blocks), groups // 4, 32))
+    return QGemvConfig(block_m, block_n, split, 4, 3, use_dot, not _INTERPRET)
+
+
+def qgemv(x: torch.Tensor, w: QuantWeight, config: QGemvConfig | None = None) -> torch.Tensor:
+    """x [..., K] @ dequant(w) [N, K]^T -> [..., N] in x's dtype, for prod(x.shape[:-1]) <= MAX_ROWS."""
+    if len(w.shape) != 2 or x.shape[-1] != w.k:
+        raise ValueError(f"x {tuple(x.shape)} and weight {w.shape} do not chain")
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"x must be float32 / bf16 / fp16; got {x.dtype}")
+    fmt = FMT_IDS[w.fmt.name]
+    n, k = w.shape
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    if m > MAX_ROWS:
+        raise ValueError(f"qgemv takes at most {MAX_ROWS} rows; got {m}")
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y.view(*lead, n)
+    groups = w.scale.shape[1] if fmt < 4 else triton.cdiv(k, 128)
+    cfg = config or pick_config(m, n, groups, w.fmt.name, x.dtype)
+    if cfg.block_m < m:
+        raise ValueError(f"config block_m {cfg.block_m} < rows {m}")
+    per_split = triton.cdiv(groups, cfg.split)
+    split = triton.cdiv(groups, per_split)
+    out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    high = w.high if w.high is not None else w.base
+    _qgemv_kernel[(triton.cdiv(n, cfg.block_n), split)](
+        x2, w.base, high, w.scale, out,
+        m, n, k, groups, per_split,
+        x2.stride(0), w.base.stride(0), high.stride(0), w.scale.stride(0), 0 if split == 1 else m * n, n,
+        FMT=fmt, XDT=_DTYPES.index(x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot, MAGIC=cfg.magic,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch(x2),
+    )  # fmt: skip
+    if split > 1:
+        block = 1024
+        _split_sum_kernel[(triton.cdiv(m * n, block),)](
+            out, y, m * n, SPLIT=split, BLOCK=block, num_warps=4, **pdl.launch(x2)
+        )
+    return y.view(*lead, n)
