@@ -60,7 +60,7 @@ def _encode_rows(x: torch.Tensor, fmt: WeightFormat) -> tuple[torch.Tensor, torc
     if bool(torch.isinf(scale16).any()):
         raise FormatError(f"a group's scale overflows fp16 in {fmt.name} (max |x| {float(amax.max()):.6g})")
     rescue = (scale16 == 0) & (amax > 0)
-    scale16 = torch.where(rescue, torch.tensor(_MIN_SUBNORMAL, dtype=torch.float16), scale16)
+    scale16 = torch.where(rescue, torch.tensor(_MIN_SUBNORMAL, dtype=torch.float16, device=x.device), scale16)
     scale32 = scale16.to(torch.float32)
     nonzero = amax > 0
     inv = torch.where(nonzero, torch.ones_like(scale32) / torch.where(nonzero, scale32, 1.0), 0.0)
@@ -74,9 +74,9 @@ def pack(
     """Logical codes int8 [R, K] and scales fp16 [R, ceil(K / G)] -> (base, high or None, scale) planes."""
     r, k = codes.shape
     kp = padded_k(k)
-    full = torch.zeros(r, kp, dtype=torch.int16)
+    full = torch.zeros(r, kp, dtype=torch.int16, device=codes.device)
     full[:, :k] = codes.to(torch.int16)
-    scale = torch.zeros(r, kp // fmt.group, dtype=torch.float16)
+    scale = torch.zeros(r, kp // fmt.group, dtype=torch.float16, device=codes.device)
     scale[:, : scales.shape[1]] = scales
     if fmt.bits == 8:
         return full.to(torch.int8).view(torch.uint8).contiguous(), None, scale
@@ -87,9 +87,9 @@ def pack(
         return base.contiguous(), None, scale
     hb = u >> 4
     if fmt.high_bits == 1:
-        lanes = hb.view(r, kp // 8, 8) << torch.arange(8, dtype=torch.int16)
+        lanes = hb.view(r, kp // 8, 8) << torch.arange(8, dtype=torch.int16, device=hb.device)
     else:
-        lanes = hb.view(r, kp // 4, 4) << (2 * torch.arange(4, dtype=torch.int16))
+        lanes = hb.view(r, kp // 4, 4) << (2 * torch.arange(4, dtype=torch.int16, device=hb.device))
     high = lanes.sum(dim=-1).to(torch.uint8)
     return base.contiguous(), high.contiguous(), scale
 
@@ -106,9 +106,9 @@ def unpack(base: torch.Tensor, high: torch.Tensor | None, fmt: WeightFormat) -> 
     if high is not None:
         h = high.to(torch.int16)
         if fmt.high_bits == 1:
-            hb = (h[..., None] >> torch.arange(8, dtype=torch.int16)) & 1
+            hb = (h[..., None] >> torch.arange(8, dtype=torch.int16, device=h.device)) & 1
         else:
-            hb = (h[..., None] >> (2 * torch.arange(4, dtype=torch.int16))) & 3
+            hb = (h[..., None] >> (2 * torch.arange(4, dtype=torch.int16, device=h.device))) & 3
         u = u | (hb.reshape(r, -1) << 4)
     return (u - ((u & fmt.sign) << 1)).to(torch.int8)
 

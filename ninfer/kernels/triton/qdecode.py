@@ -20,10 +20,12 @@ def _values(u, SIGN: tl.constexpr, MAGIC: tl.constexpr, BF16_MAGIC: tl.constexpr
     """Unsigned b-bit words -> signed values as `cdt` (BF16_MAGIC: bf16 128 + SIGN + q)."""
     off = u ^ SIGN  # q + SIGN, in [0, 2 SIGN)
     if BF16_MAGIC:
-        return (off | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    if MAGIC:  # 2^23 + off read as fp32, minus 2^23 + SIGN: q, exactly
-        return ((off | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + SIGN)).to(cdt)
-    return (off - SIGN).to(cdt)
+        v = (off | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    elif MAGIC:  # 2^23 + off read as fp32, minus 2^23 + SIGN: q, exactly
+        v = ((off | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + SIGN)).to(cdt)
+    else:
+        v = (off - SIGN).to(cdt)
+    return v
 
 
 @triton.jit
@@ -56,14 +58,17 @@ def decode_group(
             ue = ue | (((hb >> se) & 3) << 4)
             uo = uo | (((hb >> (se + 2)) & 3) << 4)
         s = tl.load(scale_ptr + srow * ss + g).to(tl.float32)
-        return _values(ue, SIGN, MAGIC, BF16_MAGIC, cdt), _values(uo, SIGN, MAGIC, BF16_MAGIC, cdt), s
-    kk = g * G + tl.arange(0, G)
-    if FMT == 3:
-        q = tl.load(base_ptr + prow[:, None] * sb + kk[None, :]).to(tl.int8, bitcast=True)
-        w = q.to(cdt)
-        s = tl.load(scale_ptr + srow * ss + g).to(tl.float32)
+        we = _values(ue, SIGN, MAGIC, BF16_MAGIC, cdt)
+        wo = _values(uo, SIGN, MAGIC, BF16_MAGIC, cdt)
     else:
-        q = tl.load(base_ptr + prow[:, None] * sb + kk[None, :], mask=kk[None, :] < K, other=0.0)
-        w = q.to(cdt)
-        s = tl.load(scale_ptr + srow * ss + g)
-    return w, w, s
+        kk = g * G + tl.arange(0, G)
+        if FMT == 3:
+            q = tl.load(base_ptr + prow[:, None] * sb + kk[None, :]).to(tl.int8, bitcast=True)
+            we = q.to(cdt)
+            s = tl.load(scale_ptr + srow * ss + g).to(tl.float32)
+        else:
+            q = tl.load(base_ptr + prow[:, None] * sb + kk[None, :], mask=kk[None, :] < K, other=0.0)
+            we = q.to(cdt)
+            s = tl.load(scale_ptr + srow * ss + g)
+        wo = we
+    return we, wo, s

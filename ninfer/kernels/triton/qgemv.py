@@ -140,7 +140,8 @@ def pick_config(
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
     if not use_dot:
         block_m = triton.next_power_of_2(m)
-    block_n = 64 if use_dot else 32
+    # 64-row tensor-core tiles, 32 for fp8 blocks (128 lanes) and fp32 (tests): wider ones spill on sm_90
+    block_n = 64 if use_dot and fmt != "fp8_e4m3_b128" and dtype != torch.float32 else 32
     n_blocks = triton.cdiv(n, block_n)
     split = 1
     target = 4 * num_sms
