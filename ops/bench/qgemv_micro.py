@@ -88,23 +88,25 @@ def projections(smoke: bool) -> list[QProj]:
     ]
 
 
-def candidates(m: int, quick: bool) -> list[Any]:
-    """Configs swept at M rows (the heuristic's one first)."""
+def candidates(m: int, quick: bool, fmt: str) -> list[Any]:
+    """Configs swept at M rows: (block_n, warps, stages, use_dot, magic, groups per iteration)."""
     from ninfer.kernels.triton.qgemv import QGemvConfig
 
+    gpss = (1, 2) if fmt == "fp8_e4m3_b128" else (2, 4, 8)
     out = []
     if m <= 2:
-        for bn in (16, 32, 64):
-            for warps in (2, 4):
-                for stages in (2, 4):
-                    out.append(QGemvConfig(max(1, m), bn, 0, warps, stages, False, True))
-        out.append(QGemvConfig(16, 64, 0, 4, 3, True, True))
-        out.append(QGemvConfig(max(1, m), 32, 0, 4, 3, False, False))
+        for bn in (16, 32):
+            for gps in gpss:
+                for stages in (2, 3):
+                    out.append(QGemvConfig(max(1, m), bn, 0, 4, stages, False, True, gps))
+        for gps in gpss[:2]:
+            out.append(QGemvConfig(16, 64, 0, 4, 3, True, True, gps))
     else:
-        for bn in (32, 64, 128):
-            for warps in (4, 8):
-                out.append(QGemvConfig(16 if m <= 16 else 32, bn, 0, warps, 3, True, True))
-        out.append(QGemvConfig(16 if m <= 16 else 32, 64, 0, 4, 3, True, False))
+        bm = 16 if m <= 16 else 32
+        for bn in (64, 128):
+            for gps in gpss[:2]:
+                for warps in (4, 8):
+                    out.append(QGemvConfig(bm, bn, 0, warps, 3, True, True, gps))
     return out[:4] if quick else out
 
 
@@ -188,7 +190,7 @@ def bench(p: QProj, rows: tuple[int, ...], device: str, smoke: bool, quick: bool
     for m in rows:
         x = torch.randn(m, p.k, device=device, generator=gen).to(torch.bfloat16)
         ref = x.float() @ weights[0].dequantize(torch.float32).T
-        for cfg in candidates(m, quick or smoke):
+        for cfg in candidates(m, quick or smoke, p.fmt):
             cfg = with_split(cfg, p.n, groups)
             try:
                 y = qgemv.qgemv(x, weights[0], cfg)
@@ -315,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         c = r["config"]
         print(f"{r['model'][:26]:26} {r['name'][:20]:20} M={r['m']} {r['us']:8.1f} us {r['GBps']:6.0f} GB/s "
               f"{r['frac_copy_bw']:.2f} bn{c['block_n']} w{c['num_warps']} s{c['num_stages']} split{c['split']} "
-              f"dot{int(c['use_dot'])} magic{int(c['magic'])} err {r['max_rel_err']:.1e}")  # fmt: skip
+              f"gps{c['gps']} dot{int(c['use_dot'])} err {r['max_rel_err']:.1e}")  # fmt: skip
     print("step ms:", json.dumps(result["step_ms"]))
     for r in result["prefill"]:
         print(

@@ -48,14 +48,15 @@ def test_formats_and_rows(fmt: str, m: int) -> None:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize(
-    ("use_dot", "magic", "split"), [(False, False, 1), (False, True, 3), (True, False, 2), (True, True, 1)]
+    ("use_dot", "magic", "split", "gps"), [(False, False, 1, 1), (False, True, 3, 4), (True, False, 2, 3), (True, True, 1, 2)]
 )
-def test_inner_products_decodings_and_splits(fmt: str, use_dot: bool, magic: bool, split: int) -> None:
+def test_inner_products_decodings_and_splits(fmt: str, use_dot: bool, magic: bool, split: int, gps: int) -> None:
     """CUDA-core and tensor-core products, plain and bit-trick decoding (the bf16 one removes its
-    offset after the dot), one pass and a split along K whose last part is short."""
+    offset after the dot), one pass and a split along K whose last part is short, unrolled groups
+    that run past a split's end (counted 0)."""
     for dtype in (torch.float32, torch.bfloat16):
         x, w = _case(fmt, 2, 70, 450, dtype, seed=7)
-        cfg = qgemv.QGemvConfig(16 if use_dot else 2, 32, split, 4, 2, use_dot, magic)
+        cfg = qgemv.QGemvConfig(16 if use_dot else 2, 32, split, 4, 2, use_dot, magic, gps)
         _check(qgemv.qgemv(x, w, cfg), x, w)
 
 

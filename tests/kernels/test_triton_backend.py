@@ -100,7 +100,8 @@ def test_quantized_model_with_triton_ops_matches_reference(kind: str, profile: s
     from ninfer.artifact.quantize import quantize_tensors
     from ninfer.model.weights import load_model
 
-    dense = our_model(hf_model(kind, seed=5))
+    # router margins keep the TF32 noise of fla's prefill (GPU) from flipping an expert choice
+    dense = our_model(hf_model(kind, seed=5, router_gain=8.0 if kind == "moe" else 1.0))
     cfg = dense.config
     canonical = {n if n == "lm_head.weight" else "model." + n: t for n, t in dense.state_dict().items()}
     tensors = quantize_tensors(profile, cfg, "test", canonical)

@@ -13,45 +13,38 @@ import triton.language as tl
 
 from ninfer.formats import QuantWeight
 from ninfer.kernels.triton.qdecode import decode_group
+from ninfer.kernels.triton.qgemv import high_words
 
 _FMT_IDS = {"q4_g64": 0, "q5_g64": 1, "q6_g64": 2, "q8_g32": 3, "fp8_e4m3_b128": 4}
 BLOCK_ROWS = 32
+GROUPS_PER_PROGRAM = 4
 _SCRATCH: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
 @triton.jit
 def _dequant_kernel(
     base_ptr, high_ptr, scale_ptr, out_ptr,  # planes of R rows; out [R, K]
-    R, K, N_PER, sb, sh, ss, so,
+    R, K, N_PER, GROUPS, sb, sh, ss, so,
     FMT: tl.constexpr,
     BLOCK: tl.constexpr,
+    GPP: tl.constexpr,  # groups per program
 ):  # fmt: skip
-    """Program (row block, group): BLOCK rows' lanes of one scale group, written as out's dtype."""
+    """Program (row block, group block): BLOCK rows' lanes of GPP scale groups, written as out's dtype."""
     G: tl.constexpr = 64 if FMT < 3 else (32 if FMT == 3 else 128)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    g = tl.program_id(1)
     rowc = tl.minimum(rows, R - 1).to(tl.int64)
     if FMT == 4:  # each expert's own 128-row blocks (N_PER rows an expert; R for a matrix)
         srow = (rowc // N_PER) * ((N_PER + 127) // 128) + (rowc % N_PER) // 128
     else:
         srow = rowc
-    we, wo, s = decode_group(
-        base_ptr, high_ptr, scale_ptr, rowc, srow, g, K, sb, sh, ss, FMT, False, False, tl.float32
-    )
     dt = out_ptr.dtype.element_ty
     live = rows[:, None] < R
-    if FMT < 3:
-        k_e = g * G + 2 * tl.arange(0, G // 2)
-        ptr = out_ptr + rowc[:, None] * so + k_e[None, :]
-        tl.store(ptr, (we * s[:, None]).to(dt), mask=live & (k_e[None, :] < K))
-        tl.store(ptr + 1, (wo * s[:, None]).to(dt), mask=live & (k_e[None, :] + 1 < K))
-    else:
+    for i in tl.static_range(GPP):
+        g = tl.program_id(1) * GPP + i
+        gc = tl.minimum(g, GROUPS - 1)
+        w, s = decode_group(base_ptr, high_ptr, scale_ptr, rowc, srow, gc, K, sb, sh, ss, FMT, False, False, tl.float32)
         kk = g * G + tl.arange(0, G)
-        tl.store(
-            out_ptr + rowc[:, None] * so + kk[None, :],
-            (we * s[:, None]).to(dt),
-            mask=live & (kk[None, :] < K),
-        )
+        tl.store(out_ptr + rowc[:, None] * so + kk[None, :], (w * s[:, None]).to(dt), mask=live & (kk[None, :] < K))
 
 
 def reserve(numel: int, device: torch.device, dtype: torch.dtype) -> None:
@@ -73,10 +66,10 @@ def dequantize(w: QuantWeight, dtype: torch.dtype, offset: int = 0) -> torch.Ten
     The result is valid until the next call that writes the same range."""
     r, k = w.rows, w.k
     out = _scratch(r * k, offset, w.device, dtype).view(r, k)
-    high = w.high if w.high is not None else w.base
+    high = high_words(w)
     groups = w.scale.shape[1]
-    _dequant_kernel[(triton.cdiv(r, BLOCK_ROWS), groups)](
-        w.base, high, w.scale, out, r, k, w.n, w.base.stride(0), high.stride(0), w.scale.stride(0), out.stride(0),
-        FMT=_FMT_IDS[w.fmt.name], BLOCK=BLOCK_ROWS, num_warps=4,
+    _dequant_kernel[(triton.cdiv(r, BLOCK_ROWS), triton.cdiv(groups, GROUPS_PER_PROGRAM))](
+        w.base, high, w.scale, out, r, k, w.n, groups, w.base.stride(0), high.stride(0), w.scale.stride(0),
+        out.stride(0), FMT=_FMT_IDS[w.fmt.name], BLOCK=BLOCK_ROWS, GPP=GROUPS_PER_PROGRAM, num_warps=4,
     )  # fmt: skip
     return out.view(w.shape)

@@ -28,6 +28,7 @@ from ninfer.kernels.triton._checks import check_devices, check_int_index
 from ninfer.kernels.triton.moe_kernels import down_kernel, expert_sum_kernel, gate_up_kernel
 from ninfer.kernels.triton.moe_qkernels import down_q_kernel, gate_up_q_kernel
 from ninfer.kernels.triton.pdl import pdl_enter
+from ninfer.kernels.triton.qgemv import high_words
 
 SMALL_MAX_ROWS = 384  # N·k up to this many (token, expert) rows use `moe_experts_small`
 SMALL_MAX_TOKENS = 64  # ... and N up to this many tokens (the gate/up kernel holds all N in a tile)
@@ -195,7 +196,7 @@ def moe_experts_small_quantized(
         ("gate_up", gate_up, gate_up_q_kernel, cfg.gate_up_bn, _groups(gate_up)),
         ("down", down, down_q_kernel, cfg.down_bn, _groups(down)),
     ):
-        high = w.high if w.high is not None else w.base
+        high = high_words(w)
         fmt = _FMT_IDS[w.fmt.name]
         if name == "gate_up":
             kern[(n * k, triton.cdiv(ie, rows_out))](

@@ -24,24 +24,13 @@ def _group_product(
     """One scale group's contribution to acc [BN, NP]: (W_g x_g) * s, W_g decoded in registers.
     x_t [1, NP] pointers of the tokens' rows (lanes at stride s_xk), xmask_t [1, NP] live tokens."""
     G: tl.constexpr = 64 if FMT < 3 else (32 if FMT == 3 else 128)
-    we, wo, s = decode_group(
-        base_ptr, high_ptr, scale_ptr, prow, srow, g, KD, sb, sh, ss, FMT, MAGIC, BF16_MAGIC, cdt
-    )
-    if FMT < 3:
-        half = tl.arange(0, G // 2)
-        k_e = g * G + 2 * half  # [G/2]
-        xe = tl.load(x_t + k_e[:, None] * s_xk, mask=(k_e[:, None] < KD) & xmask_t, other=0.0)  # [G/2, NP]
-        xo = tl.load(x_t + (k_e[:, None] + 1) * s_xk, mask=(k_e[:, None] + 1 < KD) & xmask_t, other=0.0)
-        p = tl.dot(we, xe.to(cdt), input_precision=PREC)
-        p = tl.dot(wo, xo.to(cdt), p, input_precision=PREC)
-        if BF16_MAGIC:  # the values were 128 + SIGN + q
-            SIGN: tl.constexpr = 8 if FMT == 0 else (16 if FMT == 1 else 32)
-            xsum = tl.sum(xe.to(tl.float32), axis=0) + tl.sum(xo.to(tl.float32), axis=0)  # [NP]
-            p = p - (128.0 + SIGN) * xsum[None, :]
-    else:
-        kk = g * G + tl.arange(0, G)
-        xt = tl.load(x_t + kk[:, None] * s_xk, mask=(kk[:, None] < KD) & xmask_t, other=0.0)  # [G, NP]
-        p = tl.dot(we, xt.to(cdt), input_precision=PREC)
+    w, s = decode_group(base_ptr, high_ptr, scale_ptr, prow, srow, g, KD, sb, sh, ss, FMT, MAGIC, BF16_MAGIC, cdt)
+    kk = g * G + tl.arange(0, G)
+    xt = tl.load(x_t + kk[:, None] * s_xk, mask=(kk[:, None] < KD) & xmask_t, other=0.0)  # [G, NP]
+    p = tl.dot(w, xt.to(cdt), input_precision=PREC)
+    if BF16_MAGIC:  # the values were 128 + SIGN + q
+        SIGN: tl.constexpr = 8 if FMT == 0 else (16 if FMT == 1 else 32)
+        p = p - (128.0 + SIGN) * tl.sum(xt.to(tl.float32), axis=0)[None, :]
     return p * s[:, None]
 
 

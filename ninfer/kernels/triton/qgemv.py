@@ -1,18 +1,14 @@
 """Quantized decode GEMV / small GEMM (Triton): y[M, N] = x[M, K] @ dequant(W)[N, K]^T for few rows,
 reading W's packed codes and scales directly (the bytes a step streams are the format's bytes).
 
-One loop iteration covers one scale group of G lanes of BLOCK_N rows (groupwise: G = 64 for
-Q4 / Q5 / Q6, 32 for W8; fp8: a 128-lane block, one scale per 128 x 128 block). A group's codes are
-decoded to exact values in registers, multiplied with x (fp32 products and sums) and the group's
-partial sum is scaled once (sum_k x_k q_k) * s, which equals sum_k x_k (q_k s) up to fp32 rounding.
-
-Q4 / Q5 / Q6 codes are split by lane parity: byte j of a group's base plane holds lanes 2j (low
-nibble) and 2j + 1 (high nibble), so the kernel multiplies the even lanes with x[2j] and the odd ones
-with x[2j + 1] (strided x loads, no shuffle of codes). Q5 / Q6 high bits come from the group's 8 / 16
-high-plane bytes. Decoding (`MAGIC`): 1 builds each code's value with bit operations and one add
-(offset code | 0x4B000000 read as fp32 is 2^23 + offset; for bf16 tiles, offset | 0x4300 read as
-bf16 is 128 + offset, the offset removed after the dot by the group's x sum), avoiding the slow
-integer-to-float conversions; 0 converts plainly (the CPU interpreter's path and the reference of 1).
+One loop iteration covers GPS scale groups of G lanes of BLOCK_N rows (groupwise: G = 64 for
+Q4 / Q5 / Q6, 32 for W8; fp8: a 128-lane block, one scale per 128 x 128 block), unrolled so their
+loads are in flight together. A group's codes are decoded to exact values in registers in their lane
+order (`qdecode.decode_group`), multiplied with x (fp32 products and sums) and scaled by the group's
+scale, which equals sum_k x_k (q_k s) up to fp32 rounding. Decoding (`MAGIC`): 1 builds each code's
+value with bit operations and one add (for bf16 tiles the bf16 offset is removed after the dot by
+the group's x sum), avoiding the slow integer-to-float conversions; 0 converts plainly (the
+reference of 1).
 
 `USE_DOT`: the group's [BLOCK_M, G] x [G, BLOCK_N] product on the tensor cores (rows padded to 16);
 else broadcast multiplies on the CUDA cores accumulated per lane and reduced once at the end (one or
@@ -51,6 +47,7 @@ class QGemvConfig:
     num_stages: int
     use_dot: bool
     magic: bool
+    gps: int = 4  # scale groups per loop iteration
 
 
 @triton.jit
@@ -62,6 +59,7 @@ def _qgemv_kernel(
     XDT: tl.constexpr,  # x's dtype: 0 fp32, 1 bf16, 2 fp16
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    GPS: tl.constexpr,  # scale groups per loop iteration (unrolled: their loads are in flight together)
     USE_DOT: tl.constexpr,
     MAGIC: tl.constexpr,
     PDL: tl.constexpr,
@@ -73,7 +71,7 @@ def _qgemv_kernel(
         (tl.float32 if XDT == 0 else (tl.bfloat16 if XDT == 1 else tl.float16)) if USE_DOT else tl.float32
     )
     G: tl.constexpr = 64 if FMT < 3 else (32 if FMT == 3 else 128)
-    SIGN: tl.constexpr = 8 if FMT == 0 else (16 if FMT == 1 else (32 if FMT == 2 else 128))
+    SIGN: tl.constexpr = 8 if FMT == 0 else (16 if FMT == 1 else 32)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -85,45 +83,29 @@ def _qgemv_kernel(
     if USE_DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
-        HALF_ACC: tl.constexpr = G // 2 if FMT < 3 else G
-        acc3 = tl.zeros([BLOCK_M, BLOCK_N, HALF_ACC], dtype=tl.float32)
+        acc3 = tl.zeros([BLOCK_M, BLOCK_N, G], dtype=tl.float32)
     if FMT == 4:
         srow = rows_w // 128  # the row's 128-row scale block
     else:
         srow = rows_w
-    half = tl.arange(0, G // 2)
-    for g in range(g_lo, g_hi):
-        we, wo, s = decode_group(
-            base_ptr, high_ptr, scale_ptr, rows_w, srow, g, K, sb, sh, ss, FMT, MAGIC, BF16_MAGIC, cdt
-        )
-        if FMT < 3:  # the even lanes multiply x[2j], the odd ones x[2j + 1]
-            k_e = g * G + 2 * half
-            xe = tl.load(x_ptr + rows_x[:, None] * sx + k_e[None, :], mask=k_e[None, :] < K, other=0.0)
-            xo = tl.load(
-                x_ptr + rows_x[:, None] * sx + k_e[None, :] + 1, mask=k_e[None, :] + 1 < K, other=0.0
-            )
-        else:
-            k_off = g * G + tl.arange(0, G)
-            xe = tl.load(x_ptr + rows_x[:, None] * sx + k_off[None, :], mask=k_off[None, :] < K, other=0.0)
-            xo = xe
-        if USE_DOT:
-            if IEEE:
-                p = tl.dot(xe, tl.trans(we), input_precision="ieee")
-                if FMT < 3:
-                    p = tl.dot(xo, tl.trans(wo), p, input_precision="ieee")
+    lanes = tl.arange(0, G)
+    for g0 in range(g_lo, g_hi, GPS):
+        for i in tl.static_range(GPS):
+            g = tl.minimum(g0 + i, g_hi - 1)  # past the split's end: read again, counted 0
+            w, s = decode_group(base_ptr, high_ptr, scale_ptr, rows_w, srow, g, K, sb, sh, ss, FMT, MAGIC, BF16_MAGIC, cdt)
+            s = tl.where(g0 + i < g_hi, s, 0.0)
+            k_off = g * G + lanes
+            x = tl.load(x_ptr + rows_x[:, None] * sx + k_off[None, :], mask=k_off[None, :] < K, other=0.0)
+            if USE_DOT:
+                if IEEE:
+                    p = tl.dot(x, tl.trans(w), input_precision="ieee")
+                else:
+                    p = tl.dot(x.to(cdt), tl.trans(w))
+                if BF16_MAGIC:  # the values were 128 + SIGN + q
+                    p = p - (128.0 + SIGN) * tl.sum(x.to(tl.float32), axis=1)[:, None]
+                acc += p * s[None, :]
             else:
-                p = tl.dot(xe.to(cdt), tl.trans(we))
-                if FMT < 3:
-                    p = tl.dot(xo.to(cdt), tl.trans(wo), p)
-            if BF16_MAGIC:  # the values were 128 + SIGN + q
-                xsum = tl.sum(xe.to(tl.float32), axis=1) + tl.sum(xo.to(tl.float32), axis=1)
-                p = p - (128.0 + SIGN) * xsum[:, None]
-            acc += p * s[None, :]
-        else:
-            part = xe.to(tl.float32)[:, None, :] * we[None, :, :]
-            if FMT < 3:
-                part += xo.to(tl.float32)[:, None, :] * wo[None, :, :]
-            acc3 += part * s[None, :, None]
+                acc3 += (x.to(tl.float32)[:, None, :] * w[None, :, :]) * s[None, :, None]
     if not USE_DOT:
         acc = tl.sum(acc3, axis=2)
     y_ptrs = y_ptr + pid_k * sy_split + offs_m[:, None] * sy + offs_n[None, :]
@@ -147,7 +129,19 @@ def pick_config(
     target = 4 * num_sms
     if n_blocks < target:
         split = max(1, min(triton.cdiv(target, n_blocks), groups // 4, 32))
-    return QGemvConfig(block_m, block_n, split, 4, 3, use_dot, not _INTERPRET)
+    gps = 4 if fmt != "fp8_e4m3_b128" else 1
+    return QGemvConfig(block_m, block_n, split, 4, 3, use_dot, not _INTERPRET, gps)
+
+
+def high_words(w: QuantWeight) -> torch.Tensor:
+    """The high-bit plane as int32 words [R, Kp * high_bits / 32] (the kernels' view; a copy when the
+    bytes are not 4-aligned); the base plane stands in when the format has none (never read)."""
+    if w.high is None:
+        return w.base
+    h = w.high
+    if h.stride(-1) != 1 or h.storage_offset() % 4 or h.stride(0) % 4:
+        h = h.contiguous().clone()
+    return h.view(torch.int32)
 
 
 def qgemv(x: torch.Tensor, w: QuantWeight, config: QGemvConfig | None = None) -> torch.Tensor:
@@ -175,12 +169,13 @@ def qgemv(x: torch.Tensor, w: QuantWeight, config: QGemvConfig | None = None) ->
     per_split = triton.cdiv(groups, cfg.split)
     split = triton.cdiv(groups, per_split)
     out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    high = w.high if w.high is not None else w.base
+    high = high_words(w)
     _qgemv_kernel[(triton.cdiv(n, cfg.block_n), split)](
         x2, w.base, high, w.scale, out,
         m, n, k, groups, per_split,
         x2.stride(0), w.base.stride(0), high.stride(0), w.scale.stride(0), 0 if split == 1 else m * n, n,
-        FMT=fmt, XDT=_DTYPES.index(x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot, MAGIC=cfg.magic,
+        FMT=fmt, XDT=_DTYPES.index(x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GPS=cfg.gps,
+        USE_DOT=cfg.use_dot, MAGIC=cfg.magic,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch(x2),
     )  # fmt: skip
     if split > 1:
