@@ -89,24 +89,26 @@ def projections(smoke: bool) -> list[QProj]:
 
 
 def candidates(m: int, quick: bool, fmt: str) -> list[Any]:
-    """Configs swept at M rows: (block_n, warps, stages, use_dot, magic, groups per iteration)."""
+    """Configs swept at M rows: block_n, stages, use_dot, groups per iteration, lane layout."""
     from ninfer.kernels.triton.qgemv import QGemvConfig
 
-    gpss = (1, 2) if fmt == "fp8_e4m3_b128" else (2, 4, 8)
+    fp8 = fmt == "fp8_e4m3_b128"
+    gpss = (1, 2) if fp8 else (2, 4, 8)
+    parities = (False,) if fp8 or fmt == "q8_g32" else (False, True)
     out = []
     if m <= 2:
-        for bn in (16, 32):
-            for gps in gpss:
-                for stages in (2, 3):
-                    out.append(QGemvConfig(max(1, m), bn, 0, 4, stages, False, True, gps))
-        for gps in gpss[:2]:
-            out.append(QGemvConfig(16, 64, 0, 4, 3, True, True, gps))
+        for par in parities:
+            for bn in (16, 32):
+                for gps in gpss[-2:]:
+                    out.append(QGemvConfig(max(1, m), bn, 0, 4, 3, False, True, gps, par))
+            for gps in gpss[:2]:
+                out.append(QGemvConfig(16, 64, 0, 4, 3, True, True, gps, par))
     else:
         bm = 16 if m <= 16 else 32
-        for bn in (64, 128):
-            for gps in gpss[:2]:
-                for warps in (4, 8):
-                    out.append(QGemvConfig(bm, bn, 0, warps, 3, True, True, gps))
+        for par in parities:
+            for bn in (64, 128):
+                for gps in gpss[:2]:
+                    out.append(QGemvConfig(bm, bn, 0, 4, 3, True, True, gps, par))
     return out[:4] if quick else out
 
 
@@ -287,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--quick", action="store_true", help="four configs per M")
     ap.add_argument("--rows", default="1,8", help="M values, comma list")
+    ap.add_argument("--table", type=Path, default=None, help="write the best configs here (qgemv_configs.json)")
     args = ap.parse_args(argv)
     if args.smoke:
         from ninfer.kernels.triton.interpreter_fixes import patch_interpreter
@@ -308,6 +311,12 @@ def main(argv: list[str] | None = None) -> int:
             result["bf16"] += bf16_reference(p, rows_m, device)
         print(f"{p.model} {p.name}: done ({time.perf_counter() - t0:.0f}s)", flush=True)
     result["best"] = best_by_shape(result["rows"])
+    if args.table is not None:  # the measured configs, as `qgemv.pick_config` reads them
+        from ninfer.kernels.triton.qgemv import table_key
+
+        configs = {table_key(r["fmt"], r["n"], r["k"], r["m"]): r["config"] for r in result["best"]}
+        table = {k: v for k, v in provenance("ops/bench/qgemv_micro.py", sys.argv[1:]).items() if k in ("commit", "date", "gpu")}
+        args.table.write_text(json.dumps({**table, "configs": configs}, indent=1, sort_keys=True) + "\n")
     result["step_ms"] = step_totals(result["best"])
     result["prefill"] = prefill_path(device, args.smoke)
     result["wall_s"] = time.perf_counter() - t0

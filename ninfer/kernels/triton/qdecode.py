@@ -79,3 +79,36 @@ def decode_group(
             w = tl.where(kk[None, :] < K, f8.to(cdt), 0.0)
             s = tl.load(scale_ptr + srow * ss + g)
     return w, s
+
+
+@triton.jit
+def decode_group_parity(
+    base_ptr, high_ptr, scale_ptr, prow, srow, g, sb, sh, ss,
+    FMT: tl.constexpr, MAGIC: tl.constexpr, BF16_MAGIC: tl.constexpr, cdt: tl.constexpr,
+):  # fmt: skip
+    """Q4 / Q5 / Q6 only: -> (w_even [BN, 32], w_odd [BN, 32], s [BN]): the group's even lanes 2j
+    (low nibbles of its base bytes) and odd lanes 2j + 1 (high nibbles), no register shuffle of the
+    codes; the caller splits x the same way."""
+    SIGN: tl.constexpr = 8 if FMT == 0 else (16 if FMT == 1 else 32)
+    jj = tl.arange(0, 32)[None, :]
+    b = tl.load(base_ptr + prow[:, None] * sb + g * 32 + jj).to(tl.int32)  # [BN, 32]
+    ue = b & 15
+    uo = (b >> 4) & 15
+    if FMT == 1:  # lane i's bit 4 is bit i of the group's 64: even lanes bit 2j, odd 2j + 1
+        w0, w1 = tl.split(tl.load(high_ptr + prow[:, None] * sh + g * 2 + tl.arange(0, 2)[None, :]))
+        word = tl.where(jj < 16, w0[:, None], w1[:, None])
+        sh_e = (2 * jj) % 32
+        ue = ue | (((word >> sh_e) & 1) << 4)
+        uo = uo | (((word >> (sh_e + 1)) & 1) << 4)
+    if FMT == 2:  # lane i's bits 4, 5 are bits 2i, 2i + 1 of the group's 128: word i // 16
+        hw = tl.load(high_ptr + prow[:, None] * sh + g * 4 + tl.arange(0, 4)[None, :])  # [BN, 4]
+        even, odd = tl.split(tl.reshape(hw, (prow.shape[0], 2, 2)))
+        w0, w2 = tl.split(even)
+        w1, w3 = tl.split(odd)
+        q = jj // 8  # lanes 2j, 2j + 1 share word j // 8
+        word = tl.where(q < 2, tl.where(q == 0, w0[:, None], w1[:, None]), tl.where(q == 2, w2[:, None], w3[:, None]))
+        sh_e = (4 * jj) % 32
+        ue = ue | (((word >> sh_e) & 3) << 4)
+        uo = uo | (((word >> (sh_e + 2)) & 3) << 4)
+    s = tl.load(scale_ptr + srow * ss + g).to(tl.float32)
+    return _values(ue, SIGN, MAGIC, BF16_MAGIC, cdt), _values(uo, SIGN, MAGIC, BF16_MAGIC, cdt), s

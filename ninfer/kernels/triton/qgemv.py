@@ -19,7 +19,12 @@ shape heuristic (`pick_config`), never from run-time autotuning, so a call can b
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import triton
@@ -29,7 +34,7 @@ from ninfer.formats import QuantWeight
 from ninfer.kernels.triton import pdl
 from ninfer.kernels.triton.gemv import _INTERPRET, NUM_SMS, _split_sum_kernel
 from ninfer.kernels.triton.pdl import pdl_enter
-from ninfer.kernels.triton.qdecode import decode_group
+from ninfer.kernels.triton.qdecode import decode_group, decode_group_parity
 
 MAX_ROWS = 64  # M above this goes to dequantize + torch.nn.functional.linear (`dequant.py`)
 FMT_IDS = {"q4_g64": 0, "q5_g64": 1, "q6_g64": 2, "q8_g32": 3, "fp8_e4m3_b128": 4}
@@ -48,6 +53,7 @@ class QGemvConfig:
     use_dot: bool
     magic: bool
     gps: int = 4  # scale groups per loop iteration
+    parity: bool = False  # Q4 / Q5 / Q6 lanes kept apart by parity (x split to match)
 
 
 @triton.jit
@@ -60,6 +66,7 @@ def _qgemv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GPS: tl.constexpr,  # scale groups per loop iteration (unrolled: their loads are in flight together)
+    PARITY: tl.constexpr,  # Q4 / Q5 / Q6: even and odd lanes apart (x split to match) instead of rejoined
     USE_DOT: tl.constexpr,
     MAGIC: tl.constexpr,
     PDL: tl.constexpr,
@@ -80,10 +87,12 @@ def _qgemv_kernel(
     rows_x = tl.minimum(offs_m, M - 1).to(tl.int64)
     g_lo = pid_k * G_PER_SPLIT
     g_hi = tl.minimum(g_lo + G_PER_SPLIT, GROUPS)
+    SPLIT_LANES: tl.constexpr = PARITY and FMT < 3
+    ACC_LANES: tl.constexpr = G // 2 if SPLIT_LANES else G
     if USE_DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
-        acc3 = tl.zeros([BLOCK_M, BLOCK_N, G], dtype=tl.float32)
+        acc3 = tl.zeros([BLOCK_M, BLOCK_N, ACC_LANES], dtype=tl.float32)
     if FMT == 4:
         srow = rows_w // 128  # the row's 128-row scale block
     else:
@@ -92,32 +101,74 @@ def _qgemv_kernel(
     for g0 in range(g_lo, g_hi, GPS):
         for i in tl.static_range(GPS):
             g = tl.minimum(g0 + i, g_hi - 1)  # past the split's end: read again, counted 0
-            w, s = decode_group(base_ptr, high_ptr, scale_ptr, rows_w, srow, g, K, sb, sh, ss, FMT, MAGIC, BF16_MAGIC, cdt)
-            s = tl.where(g0 + i < g_hi, s, 0.0)
             k_off = g * G + lanes
             x = tl.load(x_ptr + rows_x[:, None] * sx + k_off[None, :], mask=k_off[None, :] < K, other=0.0)
+            if SPLIT_LANES:
+                we, wo, s = decode_group_parity(
+                    base_ptr, high_ptr, scale_ptr, rows_w, srow, g, sb, sh, ss, FMT, MAGIC, BF16_MAGIC, cdt
+                )
+                xe, xo = tl.split(tl.reshape(x, (BLOCK_M, G // 2, 2)))  # [BM, G/2]: x[2j], x[2j + 1]
+            else:
+                we, s = decode_group(
+                    base_ptr, high_ptr, scale_ptr, rows_w, srow, g, K, sb, sh, ss, FMT, MAGIC, BF16_MAGIC, cdt
+                )
+                wo = we
+                xe = x
+                xo = x
+            s = tl.where(g0 + i < g_hi, s, 0.0)
             if USE_DOT:
                 if IEEE:
-                    p = tl.dot(x, tl.trans(w), input_precision="ieee")
+                    p = tl.dot(xe, tl.trans(we), input_precision="ieee")
+                    if SPLIT_LANES:
+                        p = tl.dot(xo, tl.trans(wo), p, input_precision="ieee")
                 else:
-                    p = tl.dot(x.to(cdt), tl.trans(w))
+                    p = tl.dot(xe.to(cdt), tl.trans(we))
+                    if SPLIT_LANES:
+                        p = tl.dot(xo.to(cdt), tl.trans(wo), p)
                 if BF16_MAGIC:  # the values were 128 + SIGN + q
                     p = p - (128.0 + SIGN) * tl.sum(x.to(tl.float32), axis=1)[:, None]
                 acc += p * s[None, :]
             else:
-                acc3 += (x.to(tl.float32)[:, None, :] * w[None, :, :]) * s[None, :, None]
+                part = xe.to(tl.float32)[:, None, :] * we[None, :, :]
+                if SPLIT_LANES:
+                    part += xo.to(tl.float32)[:, None, :] * wo[None, :, :]
+                acc3 += part * s[None, :, None]
     if not USE_DOT:
         acc = tl.sum(acc3, axis=2)
     y_ptrs = y_ptr + pid_k * sy_split + offs_m[:, None] * sy + offs_n[None, :]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-def pick_config(
-    m: int, n: int, groups: int, fmt: str, dtype: torch.dtype, num_sms: int = NUM_SMS
-) -> QGemvConfig:
-    """The launch config by shape: one or two rows on the CUDA cores (32 rows of W a program), more
-    on the tensor cores (64 rows), ~4 programs per SM after the split along K; `magic` decoding
-    except under the interpreter. Unmeasured defaults: `ops/bench/qgemv_micro.py` sweeps them."""
+# measured configs (ops/bench/qgemv_micro.py --table): "fmt:n:k:rows" -> config fields; rows is 1 for
+# one row and 8 for 2..16 (the tensor-core tiles); shapes it does not name take the heuristic
+TABLE_FILE = Path(__file__).with_name("qgemv_configs.json")
+TABLE_ENV = "NINFER_QGEMV_TABLE"
+
+
+@functools.cache
+def _table() -> dict[str, dict[str, Any]]:
+    path = Path(os.environ.get(TABLE_ENV) or TABLE_FILE)
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return dict(data.get("configs", {}))
+
+
+def table_key(fmt: str, n: int, k: int, m: int) -> str:
+    return f"{fmt}:{n}:{k}:{1 if m == 1 else 8}"
+
+
+def pick_config(m: int, n: int, groups: int, fmt: str, dtype: torch.dtype, num_sms: int = NUM_SMS, k: int = 0) -> QGemvConfig:
+    """The launch config: the measured one for this (format, shape, rows) when the table has it
+    (bf16 activations on the GPU), else by shape: one or two rows on the CUDA cores (32 rows of W a
+    program), more on the tensor cores, ~4 programs per SM after the split along K; `magic` decoding
+    except under the interpreter."""
+    if dtype == torch.bfloat16 and not _INTERPRET and m <= 16:
+        entry = _table().get(table_key(fmt, n, k, m))
+        if entry is not None:
+            cfg = QGemvConfig(**{**entry, "block_m": max(entry["block_m"], triton.next_power_of_2(m))})
+            if cfg.use_dot or cfg.block_m >= m:
+                return cfg
     use_dot = m > 2
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
     if not use_dot:
@@ -129,7 +180,7 @@ def pick_config(
     target = 4 * num_sms
     if n_blocks < target:
         split = max(1, min(triton.cdiv(target, n_blocks), groups // 4, 32))
-    gps = 4 if fmt != "fp8_e4m3_b128" else 1
+    gps = 1 if fmt == "fp8_e4m3_b128" or dtype == torch.float32 else 4
     return QGemvConfig(block_m, block_n, split, 4, 3, use_dot, not _INTERPRET, gps)
 
 
@@ -163,7 +214,7 @@ def qgemv(x: torch.Tensor, w: QuantWeight, config: QGemvConfig | None = None) ->
     if m == 0:
         return y.view(*lead, n)
     groups = w.scale.shape[1] if fmt < 4 else triton.cdiv(k, 128)
-    cfg = config or pick_config(m, n, groups, w.fmt.name, x.dtype)
+    cfg = config or pick_config(m, n, groups, w.fmt.name, x.dtype, k=k)
     if cfg.block_m < m:
         raise ValueError(f"config block_m {cfg.block_m} < rows {m}")
     per_split = triton.cdiv(groups, cfg.split)
@@ -174,7 +225,7 @@ def qgemv(x: torch.Tensor, w: QuantWeight, config: QGemvConfig | None = None) ->
         x2, w.base, high, w.scale, out,
         m, n, k, groups, per_split,
         x2.stride(0), w.base.stride(0), high.stride(0), w.scale.stride(0), 0 if split == 1 else m * n, n,
-        FMT=fmt, XDT=_DTYPES.index(x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GPS=cfg.gps,
+        FMT=fmt, XDT=_DTYPES.index(x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GPS=cfg.gps, PARITY=cfg.parity,
         USE_DOT=cfg.use_dot, MAGIC=cfg.magic,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch(x2),
     )  # fmt: skip
