@@ -96,13 +96,12 @@ def candidates(m: int, quick: bool, fmt: str) -> list[Any]:
     gpss = (1, 2) if fp8 else (2, 4, 8)
     parities = (False,) if fp8 or fmt == "q8_g32" else (False, True)
     out = []
-    if m <= 2:
+    if m <= 2:  # one row: the two-dimensional row kernel (CUDA cores) or the tensor cores
         for par in parities:
-            for bn in (16, 32):
+            for bn in (32, 64):
                 for gps in gpss[-2:]:
                     out.append(QGemvConfig(max(1, m), bn, 0, 4, 3, False, True, gps, par))
-            for gps in gpss[:2]:
-                out.append(QGemvConfig(16, 64, 0, 4, 3, True, True, gps, par))
+            out.append(QGemvConfig(16, 64, 0, 4, 3, True, True, gpss[0], par))
     else:
         bm = 16 if m <= 16 else 32
         for par in parities:

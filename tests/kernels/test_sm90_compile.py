@@ -26,7 +26,9 @@ pytest.importorskip("triton", reason="triton is not installed: pip install 'trit
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # ops.bench: the benchmarked shapes
 from sm90_compile import MAX_SHARED, CompileResult, Recorder, compile_variants, ptxas_path
 
-from ninfer.kernels.triton import gates, gdn_decode, gemv, kv_write, moe, norms
+from ninfer.formats.registry import format_of, plane_shapes
+from ninfer.formats.weight import QuantWeight, quantize
+from ninfer.kernels.triton import dequant, gates, gdn_decode, gemv, kv_write, moe, norms, qgemv
 from ninfer.kernels.triton.conv_step import conv_step
 from ninfer.model.config import TextConfig
 from ops.bench.gemv_micro import projections
@@ -158,6 +160,68 @@ def _gemv(
     return cfg
 
 
+def _meta_weight(fmt: str, shape: tuple[int, ...]) -> QuantWeight:
+    """A quantized weight of `shape` with meta planes (real widths, nothing stored)."""
+    f = format_of(fmt)
+    dtypes = {"base": torch.uint8, "high": torch.uint8, "scale": torch.float16}
+    if f.kind == "fp8":
+        dtypes = {"base": torch.float8_e4m3fn, "scale": torch.float32}
+    planes = {p: torch.empty(sh, dtype=dtypes[p], device="meta") for p, sh in plane_shapes(shape, f).items()}
+    return QuantWeight(f, shape, planes["base"], planes.get("high"), planes["scale"])
+
+
+# the quantized decode projections of the 27B groupwise-int / fp8 and 35B-A3B groupwise-int steps
+QUANT_PROJECTIONS = (
+    ("q4_g64", 7168, 5120), ("q5_g64", 7168, 5120), ("q5_g64", 5120, 6144), ("q4_g64", 4096, 5120),
+    ("q5_g64", 12288, 5120), ("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q6_g64", 248320, 5120),
+    ("fp8_e4m3_b128", 14336, 5120), ("fp8_e4m3_b128", 5120, 17408), ("fp8_e4m3_b128", 248320, 5120),
+    ("q8_g32", 9216, 2048), ("q8_g32", 2048, 4096), ("q8_g32", 1024, 2048), ("q6_g64", 248320, 2048),
+)  # fmt: skip
+
+
+def quantized_launches(rec: Recorder) -> None:
+    """The quantized GEMV, MoE experts and dequantization: small calls in the interpreter (bf16, every
+    format and lane layout), then the real widths (bf16) with the heuristic's configs and every config
+    the measured table names."""
+    import dataclasses
+    import json
+
+    torch.manual_seed(0)
+    for dtype in (BF16,):  # fp32 (tests only) runs the same code at other tile sizes: test_qgemv.py
+        with rec.scenario(f"quantized interpreter {dtype}"):
+            for fmt in ("q4_g64", "q5_g64", "q6_g64", "q8_g32", "fp8_e4m3_b128"):
+                w = quantize(torch.randn(40, 200) * 0.1, fmt)
+                for m in (1, 3):
+                    x = torch.randn(m, 200).to(dtype)
+                    base = qgemv.pick_config(m, 40, w.scale.shape[1], fmt, dtype, k=200)
+                    for parity in (False, True) if fmt < "q8" else (False,):
+                        qgemv.qgemv(x, w, dataclasses.replace(base, parity=parity, split=2))
+                dequant.dequantize(w, dtype)
+                gate_up, down = quantize(torch.randn(4, 64, 96) * 0.1, fmt), quantize(torch.randn(4, 96, 32) * 0.1, fmt)
+                idx = torch.tensor([[0, 1], [1, 2]])
+                moe.moe_experts_small_quantized(torch.randn(2, 96).to(dtype), gate_up, down, idx, torch.rand(2, 2).to(dtype))
+    table = json.loads(qgemv.TABLE_FILE.read_text())["configs"] if qgemv.TABLE_FILE.is_file() else {}
+    with rec.scenario(f"quantized real widths {BF16}"):
+        for fmt, n, k in QUANT_PROJECTIONS:
+            w = _meta_weight(fmt, (n, k))
+            groups = w.scale.shape[1]
+            for m in (1, 8):
+                x = torch.empty(m, k, dtype=BF16, device="meta")
+                qgemv.qgemv(x, w, qgemv.pick_config(m, n, groups, fmt, BF16, k=k))
+                entry = table.get(qgemv.table_key(fmt, n, k, m))
+                if entry is not None and m in (1, 8):
+                    qgemv.qgemv(x, w, qgemv.QGemvConfig(**entry))
+        for fmt_in, fmt_down in (("q4_g64", "q5_g64"), ("q4_g64", "q6_g64"), ("q8_g32", "q8_g32")):
+            e, h, ie = 256, 2048, 512
+            gate_up, down = _meta_weight(fmt_in, (e, 2 * ie, h)), _meta_weight(fmt_down, (e, h, ie))
+            for n in (1, 8):
+                idx = torch.zeros(n, 8, dtype=torch.int64, device="meta")
+                x = torch.empty(n, h, dtype=BF16, device="meta")
+                moe.moe_experts_small_quantized(x, gate_up, down, idx, torch.empty(n, 8, dtype=BF16, device="meta"))
+        for fmt, n, k in (("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("fp8_e4m3_b128", 34816, 5120)):
+            dequant.dequantize(_meta_weight(fmt, (n, k)), BF16)
+
+
 def interpreter_launches(rec: Recorder) -> None:
     """Small calls that run in the interpreter (CPU tensors): every wrapper in bf16 and fp32."""
     torch.manual_seed(0)
@@ -219,6 +283,7 @@ def recorded() -> Recorder:
     with Recorder() as rec:
         interpreter_launches(rec)
         rec.gemv_splits = real_width_launches(rec)
+        quantized_launches(rec)
     return rec
 
 

@@ -68,8 +68,9 @@ def dequantize(w: QuantWeight, dtype: torch.dtype, offset: int = 0) -> torch.Ten
     out = _scratch(r * k, offset, w.device, dtype).view(r, k)
     high = high_words(w)
     groups = w.scale.shape[1]
-    _dequant_kernel[(triton.cdiv(r, BLOCK_ROWS), triton.cdiv(groups, GROUPS_PER_PROGRAM))](
+    gpp = 1 if w.fmt.kind == "fp8" else GROUPS_PER_PROGRAM  # fp8 blocks are 128 lanes already
+    _dequant_kernel[(triton.cdiv(r, BLOCK_ROWS), triton.cdiv(groups, gpp))](
         w.base, high, w.scale, out, r, k, w.n, groups, w.base.stride(0), high.stride(0), w.scale.stride(0),
-        out.stride(0), FMT=_FMT_IDS[w.fmt.name], BLOCK=BLOCK_ROWS, GPP=GROUPS_PER_PROGRAM, num_warps=4,
+        out.stride(0), FMT=_FMT_IDS[w.fmt.name], BLOCK=BLOCK_ROWS, GPP=gpp, num_warps=4,
     )  # fmt: skip
     return out.view(w.shape)

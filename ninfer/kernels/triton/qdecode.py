@@ -55,10 +55,9 @@ def decode_group(
             word = tl.where(ii < 32, w0[:, None], w1[:, None])
             u = u | (((word >> (ii % 32)) & 1) << 4)
         if FMT == 2:  # Q6: four words a group, bits 2i, 2i + 1 of the 128 are lane i's bits 4, 5
-            hw = tl.load(high_ptr + prow[:, None] * sh + g * 4 + tl.arange(0, 4)[None, :])  # [BN, 4]
-            even, odd = tl.split(tl.reshape(hw, (BN, 2, 2)))  # words 0, 2 and 1, 3
-            w0, w2 = tl.split(even)
-            w1, w3 = tl.split(odd)
+            hrow = high_ptr + prow[:, None] * sh + g * 4 + tl.arange(0, 2)[None, :]
+            w0, w1 = tl.split(tl.load(hrow))  # words 0, 1 and 2, 3: two 8-byte loads a row
+            w2, w3 = tl.split(tl.load(hrow + 2))
             q = ii // 16
             word = tl.where(
                 q < 2, tl.where(q == 0, w0[:, None], w1[:, None]), tl.where(q == 2, w2[:, None], w3[:, None])
@@ -73,10 +72,9 @@ def decode_group(
             q8 = tl.load(base_ptr + prow[:, None] * sb + kk[None, :]).to(tl.int8, bitcast=True)
             w = q8.to(cdt)
             s = tl.load(scale_ptr + srow * ss + g).to(tl.float32)
-        else:  # lanes past K (a partial last block) read the row's last lane again, then count 0
-            kc = tl.minimum(kk, K - 1)
-            f8 = tl.load(base_ptr + prow[:, None] * sb + kc[None, :])
-            w = tl.where(kk[None, :] < K, f8.to(cdt), 0.0)
+        else:  # lanes past K (a partial last block) are masked (a clamped index would not vectorize)
+            f8 = tl.load(base_ptr + prow[:, None] * sb + kk[None, :], mask=kk[None, :] < K, other=0.0)
+            w = f8.to(cdt)
             s = tl.load(scale_ptr + srow * ss + g)
     return w, s
 
@@ -101,10 +99,9 @@ def decode_group_parity(
         ue = ue | (((word >> sh_e) & 1) << 4)
         uo = uo | (((word >> (sh_e + 1)) & 1) << 4)
     if FMT == 2:  # lane i's bits 4, 5 are bits 2i, 2i + 1 of the group's 128: word i // 16
-        hw = tl.load(high_ptr + prow[:, None] * sh + g * 4 + tl.arange(0, 4)[None, :])  # [BN, 4]
-        even, odd = tl.split(tl.reshape(hw, (prow.shape[0], 2, 2)))
-        w0, w2 = tl.split(even)
-        w1, w3 = tl.split(odd)
+        hrow = high_ptr + prow[:, None] * sh + g * 4 + tl.arange(0, 2)[None, :]
+        w0, w1 = tl.split(tl.load(hrow))
+        w2, w3 = tl.split(tl.load(hrow + 2))
         q = jj // 8  # lanes 2j, 2j + 1 share word j // 8
         word = tl.where(q < 2, tl.where(q == 0, w0[:, None], w1[:, None]), tl.where(q == 2, w2[:, None], w3[:, None]))
         sh_e = (4 * jj) % 32

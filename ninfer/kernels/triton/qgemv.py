@@ -139,6 +139,58 @@ def _qgemv_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
+@triton.jit
+def _qgemv_row_kernel(
+    x_ptr, base_ptr, high_ptr, scale_ptr, y_ptr,
+    N, K, GROUPS, G_PER_SPLIT,
+    sb, sh, ss, sy_split,
+    FMT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GPS: tl.constexpr,
+    PARITY: tl.constexpr,
+    MAGIC: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    """One row of x (batch-1 decode) on the CUDA cores: two-dimensional tiles only, so the decoded
+    weights, x and the accumulator share the weight load's layout (no register shuffles a group)."""
+    pdl_enter(PDL)
+    G: tl.constexpr = 64 if FMT < 3 else (32 if FMT == 3 else 128)
+    SPLIT_LANES: tl.constexpr = PARITY and FMT < 3
+    ACC_LANES: tl.constexpr = G // 2 if SPLIT_LANES else G
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)
+    if FMT == 4:
+        srow = rows_w // 128
+    else:
+        srow = rows_w
+    g_lo = pid_k * G_PER_SPLIT
+    g_hi = tl.minimum(g_lo + G_PER_SPLIT, GROUPS)
+    acc2 = tl.zeros([BLOCK_N, ACC_LANES], dtype=tl.float32)
+    lanes = tl.arange(0, G)
+    for g0 in range(g_lo, g_hi, GPS):
+        for i in tl.static_range(GPS):
+            g = tl.minimum(g0 + i, g_hi - 1)  # past the split's end: read again, counted 0
+            k_off = g * G + lanes
+            x = tl.load(x_ptr + k_off, mask=k_off < K, other=0.0).to(tl.float32)  # [G]
+            if SPLIT_LANES:
+                we, wo, s = decode_group_parity(
+                    base_ptr, high_ptr, scale_ptr, rows_w, srow, g, sb, sh, ss, FMT, MAGIC, False, tl.float32
+                )
+                xe, xo = tl.split(tl.reshape(x, (G // 2, 2)))
+                part = we * xe[None, :] + wo * xo[None, :]
+            else:
+                w, s = decode_group(
+                    base_ptr, high_ptr, scale_ptr, rows_w, srow, g, K, sb, sh, ss, FMT, MAGIC, False, tl.float32
+                )
+                part = w * x[None, :]
+            s = tl.where(g0 + i < g_hi, s, 0.0)
+            acc2 += part * s[:, None]
+    acc = tl.sum(acc2, axis=1)  # [BN]
+    tl.store(y_ptr + pid_k * sy_split + offs_n, acc.to(y_ptr.dtype.element_ty), mask=offs_n < N)
+
+
 # measured configs (ops/bench/qgemv_micro.py --table): "fmt:n:k:rows" -> config fields; rows is 1 for
 # one row and 8 for 2..16 (the tensor-core tiles); shapes it does not name take the heuristic
 TABLE_FILE = Path(__file__).with_name("qgemv_configs.json")
@@ -175,13 +227,15 @@ def pick_config(m: int, n: int, groups: int, fmt: str, dtype: torch.dtype, num_s
         block_m = triton.next_power_of_2(m)
     # 64-row tensor-core tiles, 32 for fp8 blocks (128 lanes) and fp32 (tests): wider ones spill on sm_90
     block_n = 64 if use_dot and fmt != "fp8_e4m3_b128" and dtype != torch.float32 else 32
+    if fmt == "fp8_e4m3_b128" and dtype != torch.float32:  # tensor-core tiles (64 rows spill 16 B on sm_90)
+        use_dot, block_m, block_n = True, max(16, block_m), 32
     n_blocks = triton.cdiv(n, block_n)
     split = 1
     target = 4 * num_sms
     if n_blocks < target:
         split = max(1, min(triton.cdiv(target, n_blocks), groups // 4, 32))
     gps = 1 if fmt == "fp8_e4m3_b128" or dtype == torch.float32 else 4
-    return QGemvConfig(block_m, block_n, split, 4, 3, use_dot, not _INTERPRET, gps)
+    return QGemvConfig(block_m, block_n, split, 4, 3, use_dot, not _INTERPRET, gps, parity=not use_dot)
 
 
 def high_words(w: QuantWeight) -> torch.Tensor:
@@ -221,17 +275,31 @@ def qgemv(x: torch.Tensor, w: QuantWeight, config: QGemvConfig | None = None) ->
     split = triton.cdiv(groups, per_split)
     out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     high = high_words(w)
+    if m == 1 and not cfg.use_dot:
+        _qgemv_row_kernel[(triton.cdiv(n, cfg.block_n), split)](
+            x2, w.base, high, w.scale, out, n, k, groups, per_split,
+            w.base.stride(0), high.stride(0), w.scale.stride(0), 0 if split == 1 else n,
+            FMT=fmt, BLOCK_N=cfg.block_n, GPS=cfg.gps, PARITY=cfg.parity, MAGIC=cfg.magic,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch(x2),
+        )  # fmt: skip
+    else:
+        _launch_rows(x2, w, out, cfg, fmt, m, n, k, groups, per_split, split, high)
+    if split > 1:
+        block = 1024
+        _split_sum_kernel[(triton.cdiv(m * n, block),)](out, y, m * n, SPLIT=split, BLOCK=block, num_warps=4, **pdl.launch(x2))
+    return y.view(*lead, n)
+
+
+def _launch_rows(
+    x2: torch.Tensor, w: QuantWeight, out: torch.Tensor, cfg: QGemvConfig, fmt: int,
+    m: int, n: int, k: int, groups: int, per_split: int, split: int, high: torch.Tensor,
+) -> None:  # fmt: skip
+    """The general kernel: M rows on the CUDA cores (one or two) or the tensor cores."""
     _qgemv_kernel[(triton.cdiv(n, cfg.block_n), split)](
         x2, w.base, high, w.scale, out,
         m, n, k, groups, per_split,
         x2.stride(0), w.base.stride(0), high.stride(0), w.scale.stride(0), 0 if split == 1 else m * n, n,
-        FMT=fmt, XDT=_DTYPES.index(x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GPS=cfg.gps, PARITY=cfg.parity,
-        USE_DOT=cfg.use_dot, MAGIC=cfg.magic,
+        FMT=fmt, XDT=_DTYPES.index(x2.dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GPS=cfg.gps,
+        PARITY=cfg.parity, USE_DOT=cfg.use_dot, MAGIC=cfg.magic,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch(x2),
     )  # fmt: skip
-    if split > 1:
-        block = 1024
-        _split_sum_kernel[(triton.cdiv(m * n, block),)](
-            out, y, m * n, SPLIT=split, BLOCK=block, num_warps=4, **pdl.launch(x2)
-        )
-    return y.view(*lead, n)
