@@ -67,4 +67,8 @@ class EngineConfig:
     cold_tier: bool = _C["enabled"]
     cold_tier_device: int = _C["device"]  # -1: every non-primary device with >= 512 MiB free
     cold_tier_capacity_mib: int = _C["capacity_mib"]  # per arena; 0: the device's free memory minus 256 MiB
-    cold_tier_staging_mib: int = _C["staging_mib"]  # pinned host staging buffer for the chunked transfers
+    # pinned host staging buffer for the chunked device-arena transfers; also the most bytes a
+    # park keeps in flight on the transfer stream and a restore moves in one round
+    cold_tier_staging_mib: int = _C["staging_mib"]
+    # > 0: a restore moves this many bytes per engine round instead of one decode step's worth
+    cold_tier_restore_chunk_bytes: int = 0

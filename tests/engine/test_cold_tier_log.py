@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import jsonschema
 
-from ninfer.engine.cold_tier_store import CpuArenaStore
+from ninfer.engine.cold_tier_devices import CpuArenaStore
 from ninfer.service.recorder import Recorder
 from ninfer.service.request_log import RequestLog
 from ninfer.service.telemetry import Tracing

@@ -67,7 +67,8 @@ def test_settings_reach_the_engine_config() -> None:
 
 
 def test_cuda_arena_selection(monkeypatch) -> None:
-    from ninfer.engine.cold_tier_store import MIB, cuda_arenas
+    from ninfer.engine.cold_tier_devices import cuda_arenas
+    from ninfer.engine.cold_tier_store import MIB
 
     free = {0: 50 << 30, 1: 10 << 30, 2: 100 * MIB}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (free[i], 80 << 30))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer.engine.cold_tier_store import CpuArenaStore, ParkError, PieceSpec, RestoreError
+from ninfer.engine.cold_tier_devices import CpuArenaStore
+from ninfer.engine.cold_tier_store import ColdTierStore, ParkError, PieceSpec, RestoreError
 
 
 def _pieces(seed: int, n: int = 3) -> list[torch.Tensor]:
@@ -20,8 +21,20 @@ def _pieces(seed: int, n: int = 3) -> list[torch.Tensor]:
     ]
 
 
-def _put(store: CpuArenaStore, pieces: list[torch.Tensor], meta: object) -> int:
+def _put(store: ColdTierStore, pieces: list[torch.Tensor], meta: object) -> int:
     return store.put([PieceSpec(tuple(p.shape), p.dtype) for p in pieces], iter(pieces), meta)
+
+
+def _take(store: ColdTierStore, key: int) -> tuple[object, list[torch.Tensor]]:
+    """Read an entry back piece by piece, then drop it."""
+    entry = store.open(key)
+    back = []
+    for spec, off in zip(entry.specs, entry.offsets(), strict=True):
+        t = torch.empty(spec.shape, dtype=spec.dtype)
+        store.read(entry, off, t.view(torch.uint8).reshape(-1))
+        back.append(t)
+    store.close(key, keep=False)
+    return entry.meta, back
 
 
 def _nbytes(pieces: list[torch.Tensor]) -> int:
@@ -33,13 +46,12 @@ def test_round_trip_through_a_small_staging_buffer() -> None:
     src = _pieces(0)
     key = _put(store, src, {"m": 1})
     assert store.used_bytes == _nbytes(src) and len(store) == 1
-    meta, back = store.take(key, torch.device("cpu"))
-    back = list(back)
+    meta, back = _take(store, key)
     assert meta == {"m": 1} and len(store) == 0 and store.used_bytes == 0
     for a, b in zip(src, back, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     with pytest.raises(RestoreError):
-        store.take(key, torch.device("cpu"))
+        store.open(key)
 
 
 def test_lru_by_bytes_across_arenas_and_pins() -> None:
@@ -54,7 +66,7 @@ def test_lru_by_bytes_across_arenas_and_pins() -> None:
     store.unpin(keys[0])
     _put(store, _pieces(4), 4)
     assert store.evictions == 2 and sorted(m for _, m in store.entries()) == [2, 3, 4]
-    _, back = store.take(k3, torch.device("cpu"))
+    _, back = _take(store, k3)
     assert all(torch.equal(a, b) for a, b in zip(_pieces(3), back, strict=True))
     with pytest.raises(ParkError):
         _put(store, _pieces(5, n=9), 5)  # larger than every arena
