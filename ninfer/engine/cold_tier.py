@@ -9,7 +9,8 @@ host the token ledger, computed frontier, checkpoint positions and media span ke
 matches a prompt by the same rule as a resident lane (`match_lane`), so a restored lane resumes
 through the ordinary reuse paths.
 
-Images live in the arenas of a `ColdTierStore` on secondary GPUs (`cold_tier_devices`). Transfers run on their own CUDA stream (`cold_tier_stream`). A
+Images live in the arenas of a `ColdTierStore`: secondary GPUs (`cold_tier_devices`) and / or
+pinned host RAM (`cold_tier_host`). Transfers run on their own CUDA stream (`cold_tier_stream`). A
 restore is begun at admission (the lane takes the image's ledger at once, the request waits in
 the scheduler's restore phase) and moved on by `advance` once per engine round, a decode step's
 worth of bytes while other rows decode (`cold_tier_restore`). Everything here is best effort:
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from ninfer.engine.cold_tier_devices import cuda_arenas, device_arenas
+from ninfer.engine.cold_tier_host import host_arena
 from ninfer.engine.cold_tier_restore import Pacer, RestoreJob, Target
 from ninfer.engine.cold_tier_store import MIB, Arena, ColdTierStore, PieceSpec, RestoreError
 from ninfer.engine.cold_tier_stream import TransferStream
@@ -313,11 +315,18 @@ class ColdTier:
 
 
 def _arenas(config: EngineConfig, device: torch.device) -> tuple[list[Arena], list[str]]:
-    """The arenas the settings ask for on the secondary GPUs; what was said when there are none."""
-    if device.type != "cuda":
-        return [], [f"the engine runs on {device}, not a CUDA device"]
-    places, why = cuda_arenas(device, config.cold_tier_device, config.cold_tier_capacity_mib)
-    return device_arenas(places, config.cold_tier_staging_mib * MIB), [why]
+    """The arenas the settings ask for: secondary GPUs, then host RAM; what was said about each."""
+    if device.type == "cuda":
+        places, why = cuda_arenas(device, config.cold_tier_device, config.cold_tier_capacity_mib)
+    else:
+        places, why = [], f"the engine runs on {device}, no secondary GPU"
+    arenas = device_arenas(places, config.cold_tier_staging_mib * MIB)
+    host, how = host_arena(config.cold_tier_host_mib, bool(arenas))
+    notes = [] if arenas else [why]
+    if host is not None:
+        arenas.append(host)
+    notes.append(how)
+    return arenas, notes
 
 
 def build_cold_tier(
@@ -326,8 +335,9 @@ def build_cold_tier(
     device: torch.device,
     store: ColdTierStore | None = None,
 ) -> ColdTier | None:
-    """The engine's tier: an injected store, else arenas on the secondary GPUs, else None (said
-    once, with why). Prefix reuse off or the tier disabled: None."""
+    """The engine's tier: an injected store, else arenas on the secondary GPUs and / or in host RAM
+    (`cold_tier.host_mib`), else None (said once, with why). Prefix reuse off or the tier disabled:
+    None."""
     if not config.cold_tier or config.no_prefix_reuse:
         return None
     if store is None:
@@ -336,6 +346,9 @@ def build_cold_tier(
             log.info("cold tier inactive: %s", "; ".join(notes))
             return None
         store = ColdTierStore(arenas)
+        for note in notes:
+            if note.startswith("host arena"):
+                log.info("cold tier: %s", note)
     log.info(
         "cold tier: %d arena(s) [%s], capacity %.2f GiB, staging %.0f MiB",
         len(store.arenas),

@@ -1,5 +1,7 @@
-"""The cold tier on the CPU: host buffers (`CpuArenaStore`) stand in for the secondary devices,
-through the same staging code.
+"""The cold tier on the CPU, through injected stores: host buffers standing in for secondary-GPU
+arenas (`CpuArenaStore`, the devices' staging code) and, where a test is parametrized by store,
+the host arena with small blocks (every image spans several; `tests/engine/test_cold_tier_host.py`
+runs the host arena the engine builds itself).
 
 Conversations that lose their lane are parked and come back through a restore, with outputs equal
 to engines that never reuse (or that keep every conversation resident on its own lane)."""
@@ -14,6 +16,7 @@ import torch
 
 from ninfer.engine.api import GenerationRequest, RequestStats, SamplingParams
 from ninfer.engine.cold_tier_devices import CpuArenaStore
+from ninfer.engine.cold_tier_host import HostArena
 from ninfer.engine.cold_tier_store import Arena, ColdTierStore, RestoreError
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
@@ -27,8 +30,12 @@ def _devices(capacity: int, chunk: int) -> list[Arena]:
     return list(CpuArenaStore([capacity], staging_bytes=chunk).arenas)
 
 
-# one arena of `capacity` bytes, transfers in `chunk`-byte pieces
-STORES = {"devices": _devices}
+def _host(capacity: int, chunk: int) -> list[Arena]:
+    return [HostArena(capacity, pinned=False, block_bytes=chunk)]
+
+
+# one arena of `capacity` bytes, transfers in `chunk`-byte pieces (staging) or blocks (host)
+STORES = {"devices": _devices, "host": _host}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +95,7 @@ def alternate(engines: dict[str, Engine], n: int, rounds: int) -> dict[str, list
 def test_two_conversations_on_one_lane_restore_every_later_turn(model) -> None:
     engines = {
         "tier": engine(model, CpuArenaStore([4 * MIB, 4 * MIB], staging_bytes=4096)),
-        "plain": engine(model),  # no secondary device on the CPU: the tier is inactive
+        "plain": engine(model, cold_tier_host_mib=0),  # no secondary device, no host arena: no tier
         "off": engine(model, no_prefix_reuse=True),
     }
     try:

@@ -1,5 +1,6 @@
 """The arena store on host tensors: chunked round trips keep every byte and dtype, LRU by bytes
-across arenas, pinned entries survive eviction, oversize images are refused."""
+across arenas, pinned entries survive eviction, oversize images are refused; the host arena's
+extents span blocks and reuse freed space."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from ninfer.engine.cold_tier_devices import CpuArenaStore
+from ninfer.engine.cold_tier_host import HostArena
 from ninfer.engine.cold_tier_store import ColdTierStore, ParkError, PieceSpec, RestoreError
 
 
@@ -74,3 +76,21 @@ def test_lru_by_bytes_across_arenas_and_pins() -> None:
     with pytest.raises(ParkError):
         store.put([PieceSpec((1,), torch.float32)] * len(bad), iter(bad), 6)
     assert store.used_bytes == sum(a.used for a in store.arenas) == 2 * size
+
+
+def test_host_arena_extents_span_blocks_and_reuse_freed_space() -> None:
+    """Blocks of 1000 bytes: every image crosses blocks; after the LRU drop, the next image fills
+    the hole it left and the space after the last one, with every byte intact."""
+    size, big = _nbytes(_pieces(0)), _pieces(9, n=4)
+    arena = HostArena(3 * size + (_nbytes(big) - size) + 100, pinned=False, block_bytes=1000)
+    store = ColdTierStore([arena])
+    keys = [_put(store, _pieces(i), i) for i in range(3)]
+    assert arena.allocated_bytes == -(-3 * size // 1000) * 1000  # only the blocks used so far
+    # larger than the image it evicts: the hole it leaves, then the space after the others
+    k = _put(store, big, 9)
+    assert store.evictions == 1 and sorted(m for _, m in store.entries()) == [1, 2, 9]
+    assert len(arena.entries[k].block) == 2 and store.used_bytes == 2 * size + _nbytes(big)
+    for key, want in ((k, big), (keys[2], _pieces(2)), (keys[1], _pieces(1))):
+        _, back = _take(store, key)
+        assert all(torch.equal(a, b) for a, b in zip(want, back, strict=True))
+    assert store.used_bytes == 0 and arena._free == [(0, arena.capacity)]
