@@ -130,6 +130,7 @@ def cold_tier_fields(ct: ColdTierSettings) -> dict[str, Any]:
         "cold_tier_device": ct.device,
         "cold_tier_capacity_mib": ct.capacity_mib,
         "cold_tier_staging_mib": ct.staging_mib,
+        "cold_tier_host_mib": ct.host_mib,
     }
 
 

@@ -14,6 +14,7 @@ DEFAULT_DRAFT_TOKENS = 3  # k when --spec is given without --draft-tokens
 DFLASH_MAX_DRAFT = 15  # a block of 16: the anchor + 15 masks
 MAX_CONCURRENCY = 8
 MAX_SEED = 2**63 - 1
+COLD_TIER_HOST_SHARE = 0.25  # cold_tier.host_mib unset: this share of the free host memory
 
 
 def _not_bool(value: Any) -> Any:
@@ -160,12 +161,14 @@ class VisionSettings(BaseSettings):
 
 
 class ColdTierSettings(BaseSettings):
-    """The cross-GPU cold tier for evicted retained prefixes."""
+    """The cold tier for evicted retained prefixes: arenas on secondary GPUs and / or in host RAM."""
 
     model_config = _config("cold_tier")
 
     enabled: bool = Field(
-        True, description="disable the cross-GPU cold tier", json_schema_extra=cli(shown="cold tier on")
+        True,
+        description="disable the cold tier (secondary GPUs and host memory)",
+        json_schema_extra=cli(shown="cold tier on"),
     )
     device: Int = Field(
         -1,
@@ -178,6 +181,14 @@ class ColdTierSettings(BaseSettings):
         description="per-device cold-tier arena bytes; 0 sizes each arena from device free memory minus 256 MiB",
     )
     staging_mib: Int = Field(64, ge=1, description="pinned host staging buffer for cold-tier transfers")
+    host_mib: Int | None = Field(
+        None,
+        ge=0,
+        description="pinned host-RAM cold-tier arena (beside any secondary-GPU arenas); 0 disables it",
+        json_schema_extra=cli(
+            shown=f"{COLD_TIER_HOST_SHARE:.0%} of free host memory without a secondary GPU"
+        ),
+    )
 
 
 class ServerSettings(BaseSettings):

@@ -56,10 +56,13 @@ FLAG_NAMES: dict[str, str] = {
     "cold_tier.device": "--cold-tier-device",
     "cold_tier.capacity_mib": "--cold-tier-capacity-mib",
     "cold_tier.staging_mib": "--cold-tier-staging-mib",
+    "cold_tier.host_mib": "--cold-tier-host-mib",
     "logging.level": "--log-level",
 }
 # flags beyond the serving contract's option table
-EXTRA_KEYS = frozenset({"engine.dtype", "logging.level", "server.client_compat", "server.metrics_open"})
+EXTRA_KEYS = frozenset(
+    {"engine.dtype", "logging.level", "server.client_compat", "server.metrics_open", "cold_tier.host_mib"}
+)
 
 
 def _leaf_types(annotation: Any) -> list[Any]:

@@ -1,5 +1,5 @@
 """The cold tier's policy: park a retained lane's state image, match prompts against parked images,
-restore an image into fresh pages and a lane's slots.
+restore an image into fresh pages and a lane's slots, a chunk per engine round.
 
 A lane image holds everything a resident lane needs to continue exactly as if it had never left:
 its KV pages (K, V and int8 scales; the MTP drafter's one-layer pool on the same page ids when
@@ -7,28 +7,33 @@ speculation is on), the GDN conv / ssm state of its live slot and of each retain
 the MTP drafter's pending rows of those slots (tokens, hidden rows, rotary positions), and on the
 host the token ledger, computed frontier, checkpoint positions and media span keys. A parked image
 matches a prompt by the same rule as a resident lane (`match_lane`), so a restored lane resumes
-through the ordinary reuse paths. Everything here is best effort: failures are counted and the
-caller falls back to dropping (park) or to normal admission (restore).
+through the ordinary reuse paths.
+
+Images live in the arenas of a `ColdTierStore`: secondary GPUs (`cold_tier_devices`) and / or
+pinned host RAM (`cold_tier_host`). Transfers run on their own CUDA stream (`cold_tier_stream`). A
+restore is begun at admission (the lane takes the image's ledger at once, the request waits in
+the scheduler's restore phase) and moved on by `advance` once per engine round, a decode step's
+worth of bytes while other rows decode (`cold_tier_restore`). Everything here is best effort:
+failures are counted and the caller falls back to dropping (park) or to prefilling the whole
+prompt (restore).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ninfer.engine.cold_tier_store import (
-    MIB,
-    ColdTierStore,
-    CudaArenaStore,
-    PieceSpec,
-    RestoreError,
-    cuda_arenas,
-)
+from ninfer.engine.cold_tier_devices import cuda_arenas, device_arenas
+from ninfer.engine.cold_tier_host import host_arena
+from ninfer.engine.cold_tier_restore import Pacer, RestoreJob, Target
+from ninfer.engine.cold_tier_store import MIB, Arena, ColdTierStore, PieceSpec, RestoreError
+from ninfer.engine.cold_tier_stream import TransferStream
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.multimodal import SpanKey
 from ninfer.engine.reuse import ReuseMatch, match_lane
@@ -59,6 +64,7 @@ class ColdTierCounters:
     restores: int = 0
     park_failures: int = 0
     restore_failures: int = 0
+    restore_rounds: int = 0  # engine rounds that moved restore bytes
 
 
 @dataclass
@@ -78,15 +84,33 @@ def _state_tensors(states: StatePool) -> list[torch.Tensor]:
     return [*states.conv, *states.ssm]  # each [num_slots, ...]
 
 
+def _scatter(dst: torch.Tensor, index: torch.Tensor) -> Any:
+    """Rows [r0, r1) of a piece -> dst's rows index[r0:r1]."""
+    return lambda r0, r1, rows: dst.index_copy_(0, index[r0:r1], rows)
+
+
 class ColdTier:
     """Parks and restores lane images through a `ColdTierStore` (engine thread only)."""
 
-    def __init__(self, store: ColdTierStore, pools: LanePools, device: torch.device) -> None:
+    def __init__(
+        self,
+        store: ColdTierStore,
+        pools: LanePools,
+        device: torch.device,
+        pacer: Pacer | None = None,
+        chunk_bytes: int = 64 * MIB,
+    ) -> None:
         self.store = store
         self.pools = pools
         self.device = device
+        # `chunk_bytes` bounds a park's device temporaries in flight and a restore round's bytes
+        self.stream = TransferStream(device, chunk_bytes)
+        self.pacer = pacer or Pacer(most=chunk_bytes)
         self.counters = ColdTierCounters()
         self._restored: set[int] = set()  # seq ids admitted onto a restored lane
+        self._jobs: dict[int, RestoreJob] = {}  # restores under way, by seq id
+        self._lanes: dict[int, tuple[list[int], ImageMeta]] = {}  # the restores' slots, by seq id
+        self._round_end: float | None = None  # when the last round with other work ended
 
     # ----- park -----
     def _slot_ids(self, lane: Lane) -> tuple[tuple[str, ...], list[int]]:
@@ -122,7 +146,7 @@ class ColdTier:
             meta = ImageMeta(probe, len(lane.pages), names, tuple(pending))
             with torch.inference_mode():  # one gathered piece on the device at a time
                 pieces = itertools.chain((t.index_select(0, idx) for t, idx in gathers), rows)
-                self.store.put(specs, pieces, meta)
+                self.store.put(specs, pieces, meta, self.stream)
         except Exception as exc:  # best effort: an image that cannot be stored is dropped
             self.counters.park_failures += 1
             log.warning("cold tier: park of a %d-token lane failed: %s", lane.computed, exc)
@@ -135,53 +159,136 @@ class ColdTier:
         self, prompt: Sequence[int], media: Sequence[SpanKey], better_than: int
     ) -> tuple[int, int] | None:
         """The parked entry reusing the most prompt tokens (more than `better_than`), most recent on
-        ties: (key, pages its image needs)."""
+        ties: (key, pages its image needs). Images being restored are not parked any more."""
+        busy = {job.key for job in self._jobs.values()}
         best: tuple[ReuseMatch, int, ImageMeta] | None = None
         for key, meta in self.store.entries():
+            if key in busy:
+                continue
             m = match_lane(meta.probe, prompt, media)
             if m is not None and m.cached > better_than and (best is None or m.cached > best[0].cached):
                 best = (m, key, meta)
         return None if best is None else (best[1], best[2].pages)
 
-    def restore(self, key: int, lane: Lane, pages: list[int], seq_id: int) -> bool:
-        """Write entry `key` into `lane` (empty, idle) on freshly allocated `pages`. On False (counted)
-        the lane's slots may hold partial data: the caller clears the lane and frees the pages."""
+    def _targets(self, meta: ImageMeta, slots: list[int], pages: list[int]) -> list[Target]:
+        """Where the image's pieces go, in piece order, the drafter's pending rows left out."""
+        with self.stream.scope():  # the indices live on the transfer stream, as their users
+            pidx = torch.tensor(pages, dtype=torch.int64, device=self.device)
+            sidx = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        out = [
+            Target(PieceSpec((len(pages), *t.shape[1:]), t.dtype), _scatter(t, pidx))
+            for pool in self.pools.kv
+            for t in _kv_tensors(pool)
+        ]
+        out += [
+            Target(PieceSpec((len(slots), *t.shape[1:]), t.dtype), _scatter(t, sidx))
+            for t in _state_tensors(self.pools.states)
+        ]
+        if self.pools.drafter is not None:
+            if len(meta.pending) != len(slots):
+                raise RestoreError("the image carries no drafter rows")
+        return out
+
+    def begin_restore(self, key: int, lane: Lane, pages: list[int], seq_id: int) -> bool:
+        """Start writing entry `key` into `lane` (empty, idle) on freshly allocated `pages`: the lane
+        takes the image's ledger now, its device state arrives through `advance`. On False (counted)
+        nothing was written: the caller clears the lane and frees the pages."""
         try:
-            meta, pieces = self.store.take(key, self.device)
+            entry = self.store.open(key)
+            meta = entry.meta
             if not isinstance(meta, ImageMeta) or meta.pages != len(pages):
                 raise RestoreError(f"image of {getattr(meta, 'pages', '?')} pages for {len(pages)} pages")
             slots = [lane.live_slot if n == LIVE else lane.checkpoint_slots[n] for n in meta.slots]
-            pidx = torch.tensor(pages, dtype=torch.int64, device=self.device)
-            sidx = torch.tensor(slots, dtype=torch.int64, device=self.device)
-            it = iter(pieces)
-            with torch.inference_mode():
-                for pool in self.pools.kv:
-                    for t in _kv_tensors(pool):
-                        t.index_copy_(0, pidx, next(it))
-                for t in _state_tensors(self.pools.states):
-                    t.index_copy_(0, sidx, next(it))
-                if self.pools.drafter is not None:
-                    if len(meta.pending) != len(slots):
-                        raise RestoreError("the image carries no drafter rows")
-                    for s, (start, tokens, has_h, has_r) in zip(slots, meta.pending, strict=True):
-                        hidden = next(it) if has_h else None
-                        rope = next(it) if has_r else None
-                        self.pools.drafter.pending[s] = Pending(start, tokens, hidden, rope)
-            if next(it, None) is not None:
-                raise RestoreError("the image has more pieces than the pools")
+            targets = self._targets(meta, slots, pages)
+            kept = entry.specs[len(targets) :]  # the drafter's pending rows, whole
+            targets += [Target(spec, None) for spec in kept]
+            job = RestoreJob(key, entry, targets, seq_id, self.device)
         except Exception as exc:  # best effort: the request is admitted normally
+            self.store.close(key, keep=False)
             self.counters.restore_failures += 1
             log.warning("cold tier: restore failed, admitting normally: %s", exc)
             return False
+        self.stream.follow()  # the pages' and slots' previous owners wrote them on the engine stream
         probe = meta.probe
         lane.pages = list(pages)
         lane.tokens = list(probe.tokens)
         lane.computed = probe.computed
         lane.checkpoints = dict(probe.checkpoints)
         lane.media = tuple(probe.media)
-        self.counters.restores += 1
-        self._restored.add(seq_id)
+        self._jobs[seq_id] = job
+        self._lanes[seq_id] = (slots, meta)
         return True
+
+    @property
+    def restoring(self) -> bool:
+        return bool(self._jobs)
+
+    def advance(self, busy: bool) -> list[tuple[int, bool]]:
+        """Move the restores under way one round on: at most the pacer's budget of bytes, shared.
+        `busy`: other requests run this round. -> (seq id, restored) of the restores that ended;
+        a False one failed (counted): its lane must be prefilled from scratch."""
+        now = time.perf_counter()
+        if busy and self._round_end is not None:
+            self.pacer.observe_step(now - self._round_end)
+        budget = self.pacer.budget(busy)
+        ended: list[tuple[int, bool]] = []
+        moved = 0
+        for sid, job in list(self._jobs.items()):
+            try:
+                if job.end is not None:
+                    if not job.end.done():
+                        if busy:
+                            continue  # the last chunk still runs beside the decode step
+                        job.end.wait()
+                    if job.start is not None:  # the chunk ran: its copy rate, once
+                        self.pacer.observe_copy(job.last, job.end.seconds_since(job.start))
+                        job.start = None
+                if job.enqueued:
+                    self._finish(sid, job)
+                    ended.append((sid, True))
+                    continue
+                if moved < budget:
+                    with torch.inference_mode():
+                        moved += job.step(self.store, self.stream, budget - moved)
+            except Exception as exc:
+                self._fail(sid, job, exc)
+                ended.append((sid, False))
+        if moved:
+            self.counters.restore_rounds += 1
+        self._round_end = time.perf_counter() if busy and self._jobs else None
+        return ended
+
+    def _finish(self, sid: int, job: RestoreJob) -> None:
+        self.stream.join()
+        slots, meta = self._lanes.pop(sid)
+        del self._jobs[sid]
+        if self.pools.drafter is not None:
+            it = iter(job.kept)
+            for s, (start, tokens, has_h, has_r) in zip(slots, meta.pending, strict=True):
+                hidden = next(it) if has_h else None
+                rope = next(it) if has_r else None
+                self.pools.drafter.pending[s] = Pending(start, tokens, hidden, rope)
+        self.store.close(job.key, keep=False)
+        self.counters.restores += 1
+        self._restored.add(sid)
+
+    def _fail(self, sid: int, job: RestoreJob, exc: Exception) -> None:
+        self.stream.join()  # the partial writes land before the lane is reset on the engine stream
+        self._jobs.pop(sid, None)
+        self._lanes.pop(sid, None)
+        self.store.close(job.key, keep=False)
+        self.counters.restore_failures += 1
+        log.warning("cold tier: restore failed, prefilling instead: %s", exc)
+
+    def abort(self, seq_id: int) -> None:
+        """The request of a restore under way left (cancelled): the image stays parked, and the
+        lane's pages are safe to reuse once the streams are joined."""
+        job = self._jobs.pop(seq_id, None)
+        if job is None:
+            return
+        self._lanes.pop(seq_id, None)
+        self.stream.join()
+        self.store.close(job.key, keep=True)
 
     # ----- reporting -----
     def take_restored(self, seq_id: int) -> bool:
@@ -207,25 +314,41 @@ class ColdTier:
         }
 
 
+def _arenas(config: EngineConfig, device: torch.device) -> tuple[list[Arena], list[str]]:
+    """The arenas the settings ask for: secondary GPUs, then host RAM; what was said about each."""
+    if device.type == "cuda":
+        places, why = cuda_arenas(device, config.cold_tier_device, config.cold_tier_capacity_mib)
+    else:
+        places, why = [], f"the engine runs on {device}, no secondary GPU"
+    arenas = device_arenas(places, config.cold_tier_staging_mib * MIB)
+    host, how = host_arena(config.cold_tier_host_mib, bool(arenas))
+    notes = [] if arenas else [why]
+    if host is not None:
+        arenas.append(host)
+    notes.append(how)
+    return arenas, notes
+
+
 def build_cold_tier(
     config: EngineConfig,
     pools: LanePools,
     device: torch.device,
     store: ColdTierStore | None = None,
 ) -> ColdTier | None:
-    """The engine's tier: an injected store, else CUDA arenas on the secondary devices, else None
-    (said once). Prefix reuse off or the tier disabled: None."""
+    """The engine's tier: an injected store, else arenas on the secondary GPUs and / or in host RAM
+    (`cold_tier.host_mib`), else None (said once, with why). Prefix reuse off or the tier disabled:
+    None."""
     if not config.cold_tier or config.no_prefix_reuse:
         return None
     if store is None:
-        if device.type != "cuda":
-            log.info("cold tier inactive: the engine runs on %s, not a CUDA device", device)
-            return None
-        arenas, why = cuda_arenas(device, config.cold_tier_device, config.cold_tier_capacity_mib)
+        arenas, notes = _arenas(config, device)
         if not arenas:
-            log.info("cold tier inactive: %s", why)
+            log.info("cold tier inactive: %s", "; ".join(notes))
             return None
-        store = CudaArenaStore(arenas, config.cold_tier_staging_mib * MIB)
+        store = ColdTierStore(arenas)
+        for note in notes:
+            if note.startswith("host arena"):
+                log.info("cold tier: %s", note)
     log.info(
         "cold tier: %d arena(s) [%s], capacity %.2f GiB, staging %.0f MiB",
         len(store.arenas),
@@ -233,7 +356,9 @@ def build_cold_tier(
         store.capacity_bytes / GIB,
         store.staging_bytes / MIB,
     )
-    return ColdTier(store, pools, device)
+    chunk = config.cold_tier_staging_mib * MIB
+    pacer = Pacer(most=chunk, fixed=config.cold_tier_restore_chunk_bytes)
+    return ColdTier(store, pools, device, pacer=pacer, chunk_bytes=chunk)
 
 
 def lane_pools(kv: KVPool, states: StatePool, spec: Any) -> LanePools:

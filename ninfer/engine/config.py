@@ -63,8 +63,15 @@ class EngineConfig:
     # probability; no MTP head is needed. See ninfer.engine.speculative.oracle.
     spec_oracle_wrong_fraction: float | None = None
     spec_oracle_seed: int = 0
-    # Cross-GPU cold tier for evicted retained prefixes (inactive without a secondary CUDA device).
+    # Cold tier for evicted retained prefixes: arenas on secondary CUDA devices and / or in host RAM.
     cold_tier: bool = _C["enabled"]
     cold_tier_device: int = _C["device"]  # -1: every non-primary device with >= 512 MiB free
     cold_tier_capacity_mib: int = _C["capacity_mib"]  # per arena; 0: the device's free memory minus 256 MiB
-    cold_tier_staging_mib: int = _C["staging_mib"]  # pinned host staging buffer for the chunked transfers
+    # pinned host staging buffer for the chunked device-arena transfers; also the most bytes a
+    # park keeps in flight on the transfer stream and a restore moves in one round
+    cold_tier_staging_mib: int = _C["staging_mib"]
+    # host-RAM arena: MiB (beside any device arenas), 0 none, None a share of the free host memory
+    # when no secondary device holds the tier
+    cold_tier_host_mib: int | None = _C["host_mib"]
+    # > 0: a restore moves this many bytes per engine round instead of one decode step's worth
+    cold_tier_restore_chunk_bytes: int = 0

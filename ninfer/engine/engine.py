@@ -5,7 +5,8 @@ thread loops: take new submissions and cancellations, expire late waiters, admit
 run one step (a prefill chunk of one request or one decode round of all decode-ready ones)
 through one loop, launch -> resolve -> commit (`_step`), committing tokens and checking stops.
 While the decode rows are its only work, each round is launched before the previous one is
-resolved and committed (launch-ahead, a property of that loop). Submission checks live in `intake`,
+resolved and committed (launch-ahead, a property of that loop). Between steps it moves the cold
+tier's restores on, a chunk per round (`ColdTier.advance`). Submission checks live in `intake`,
 token commits in `commit`, and how requests leave (finish, fail, engine death) in `retire`.
 """
 
@@ -116,7 +117,7 @@ class Engine:
             draft_head,
             graphed=capture is not None,
         )
-        pools = lane_pools(self.kv, self.states, self.spec)  # cold tier: None without a secondary device
+        pools = lane_pools(self.kv, self.states, self.spec)  # cold tier: None when no arena is left
         self.cold_tier = build_cold_tier(config, pools, self.device, cold_store)
         self.cache = PrefixCache(
             make_lanes(self.layout), self.allocator, not config.no_prefix_reuse, self.cold_tier
@@ -359,13 +360,27 @@ class Engine:
                 waited = now - seq.ticket.created
                 self._retire.fail(seq, QueueTimeout(f"request not admitted within {waited:.3f}s"))
             sched.admit(now)
+            self._advance_restores()
             plan = sched.next_plan()
             self._snapshot = sched.snapshot()
             if plan is None:
                 self._outbox.flush()  # nothing to launch: deliver the last round's tokens now
-                self._idle_wait(now)
+                if self.cold_tier is None or not self.cold_tier.restoring:
+                    self._idle_wait(now)
             else:
                 self._step(plan)
+
+    def _advance_restores(self) -> None:
+        """Move the cold tier's restores one round on (a decode step's worth of bytes while other
+        rows run); a request whose lane is written goes on to prefill."""
+        tier, sched = self.cold_tier, self.scheduler
+        if tier is None or not tier.restoring:
+            return
+        busy = bool(sched.decode_ready() or sched.prefilling())
+        for sid, restored in tier.advance(busy):
+            seq = self._seqs.get(sid)
+            if seq is not None:
+                sched.restore_ended(seq, restored)
 
     def _idle_wait(self, now: float) -> None:
         deadlines = [s.ticket.deadline for s in self.scheduler.waiting]

@@ -16,8 +16,10 @@ after its last one (launch-ahead decode feeds that token too).
 
 With a cold tier (`ninfer.engine.cold_tier`), a resident that loses its lane (an eviction, or an
 in-place full reset for another prompt) is parked there instead of dropped, and a parked image
-that reuses more of a new prompt than any resident is restored onto an idle lane before lane
-selection, so the request then resumes through the paths above.
+that reuses more of a new prompt than any resident is restored onto an idle lane, which the
+request then takes, resuming through the paths above. The lane holds the image's ledger at once;
+its device state arrives over the next engine rounds (`Admission.restoring`: the request waits
+for it before its first prefill chunk).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Admission:
     path: ReusePath
     ops: list[SlotOp] = field(default_factory=list)
     evicted: int = 0  # residents dropped to make room
+    restoring: bool = False  # the lane's state is on its way from the cold tier
 
 
 class PrefixCache:
@@ -86,9 +89,11 @@ class PrefixCache:
         if not idle:
             return None
         any_resident = bool(self.residents())  # before a restore parks one: still a full reset
-        if self.tier is not None:
-            self._from_tier(seq_id, prompt, need_pages, media)
-        match = self.best_match(prompt, media)
+        restored = self._from_tier(seq_id, prompt, need_pages, media) if self.tier is not None else None
+        # a restored image beats every resident: the request takes its lane
+        match = (
+            match_lane(restored, prompt, media) if restored is not None else self.best_match(prompt, media)
+        )
         if match is not None:
             lane = match.lane
         else:
@@ -131,7 +136,8 @@ class PrefixCache:
         lane.active = seq_id
         self._tick += 1
         lane.last_used = self._tick
-        return Admission(lane=lane, cached=cached, path=path, ops=ops, evicted=evicted)
+        restoring = restored is not None and lane is restored
+        return Admission(lane=lane, cached=cached, path=path, ops=ops, evicted=evicted, restoring=restoring)
 
     # ----- cold tier -----
     def _park(self, lane: Lane) -> None:
@@ -145,24 +151,26 @@ class PrefixCache:
 
     def _from_tier(
         self, seq_id: int, prompt: Sequence[int], need_pages: int, media: Sequence[SpanKey]
-    ) -> None:
-        """Restore the parked image that reuses the most of `prompt` onto an idle lane, when it beats
-        every resident and the request is admissible now (a waiting request changes nothing)."""
+    ) -> Lane | None:
+        """Begin restoring the parked image that reuses the most of `prompt` onto an idle lane, when
+        it beats every resident and the request is admissible now (a waiting request changes
+        nothing); -> that lane, or None."""
         assert self.tier is not None
         if not self.enabled or not len(self.tier.store):
-            return
+            return None
         idle = self.idle_lanes()
         reclaimable = self.allocator.free_count + sum(len(ln.pages) for ln in idle)
         if reclaimable < need_pages:
-            return
+            return None
         resident = self.best_match(prompt, media)
         found = self.tier.match(prompt, media, resident.cached if resident is not None else 0)
         if found is None or found[1] > reclaimable:
-            return
+            return None
         key, image_pages = found
         empty = [ln for ln in idle if not ln.resident]
         lane = empty[0] if empty else min(idle, key=lambda ln: ln.last_used)
         self.tier.store.pin(key)  # parking the residents below must not evict the image
+        begun = False
         try:
             if lane.resident:
                 self._evict(lane)
@@ -171,14 +179,14 @@ class PrefixCache:
                     break
                 self._evict(victim)
             pages = self.allocator.alloc(image_pages)
-            if self.tier.restore(key, lane, pages, seq_id):
-                self._tick += 1
-                lane.last_used = self._tick
-            else:
+            begun = self.tier.begin_restore(key, lane, pages, seq_id)  # pinned until it ends
+            if not begun:
                 lane.clear()
                 self.allocator.free(pages)
         finally:
-            self.tier.store.unpin(key)
+            if not begun:
+                self.tier.store.unpin(key)
+        return lane if begun else None
 
     def release(self, lane: Lane, keep: bool) -> None:
         """The lane's request ended: keep it resident (trimmed to its ledger) or clear it."""

@@ -82,6 +82,8 @@ class Retirer:
 
     def _retire(self, seq: Seq, keep: bool) -> None:
         self.drop_media(seq)
+        if self.cold_tier is not None:  # a restore under way stops before the lane is released
+            self.cold_tier.abort(seq.id)
         self.scheduler.finish(seq, keep=keep)
         close_stats(seq, self.cold_tier)
         del self.seqs[seq.id]

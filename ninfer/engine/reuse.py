@@ -67,8 +67,8 @@ class TierStore(Protocol):
 
 
 class Tier(Protocol):
-    """A cold tier (`ninfer.engine.cold_tier.ColdTier`): parks an evicted lane, finds and restores
-    a parked image for a prompt."""
+    """A cold tier (`ninfer.engine.cold_tier.ColdTier`): parks an evicted lane, finds a parked image
+    for a prompt and begins its restore onto a lane (the device state arrives over later rounds)."""
 
     @property
     def store(self) -> TierStore: ...
@@ -79,4 +79,4 @@ class Tier(Protocol):
         self, prompt: Sequence[int], media: Sequence[SpanKey], better_than: int
     ) -> tuple[int, int] | None: ...
 
-    def restore(self, key: int, lane: Lane, pages: list[int], seq_id: int) -> bool: ...
+    def begin_restore(self, key: int, lane: Lane, pages: list[int], seq_id: int) -> bool: ...

@@ -16,6 +16,7 @@ from ninfer.engine.stops import StopChecker
 from ninfer.engine.tickets import Ticket
 
 WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
+RESTORE = "restore"  # admitted onto a lane whose state the cold tier is still writing
 
 
 @dataclass(eq=False)
@@ -106,7 +107,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.lane = adm.lane
-            seq.phase = PREFILL
+            seq.phase = RESTORE if adm.restoring else PREFILL
             seq.prefill_pos = adm.cached
             seq.pending_ops = list(adm.ops)
             seq.stats.cached_tokens = adm.cached
@@ -133,6 +134,22 @@ class Scheduler:
                 lane.checkpoints[kind] = pos
             else:
                 seq.captures.setdefault(pos, []).append(kind)
+
+    def restore_ended(self, seq: Seq, restored: bool) -> None:
+        """The cold tier finished writing the request's lane: prefill from the admitted resume
+        point, or (a failed restore) from the start of the prompt on the same lane and pages."""
+        if seq.phase != RESTORE or seq.lane is None:
+            return
+        if not restored:
+            lane = seq.lane
+            lane.tokens, lane.computed, lane.checkpoints = [], 0, {}
+            seq.prefill_pos = 0
+            seq.pending_ops = [SlotOp(dst=lane.live_slot)]
+            seq.captures = {}
+            seq.stats.cached_tokens = 0
+            seq.stats.reuse_path = "full_reset"
+            self._plan_captures(seq)
+        seq.phase = PREFILL
 
     # ----- planning -----
     def decode_ready(self) -> list[Seq]:

@@ -15,7 +15,9 @@
 # flags; results under OUT_DIR/27b and OUT_DIR/35b) and "conversations_35b" (serve.py's conversations
 # mode on the 35B-A3B synthetic artifact: CONV_N conversations (16) over 8 lanes growing to
 # CONV_HISTORY tokens (16384) in CONV_TURNS turns (4), the cold tier on GPU 1 when there is one,
-# then the same conversations with --no-cold-tier; CONV_S seconds (480), CONV_ARGS more flags;
+# else in pinned host memory (CONV_HOST_MIB MiB; unset: the server's default, a quarter of the
+# free host memory), then the same conversations with --no-cold-tier; CONV_S seconds (480),
+# CONV_ARGS more flags;
 # result under OUT_DIR/conv35), "prefill_graphs" (prefill_graphs.py on 10- and 8-layer 35B-A3B /
 # 27B artifacts: under OUT_DIR/pg) and "compile" (run.py's torch.compile'd decode on both models,
 # COMPILE_S seconds (400): under OUT_DIR/compile), "grammar_27b" / "grammar_35b" (grammar_overhead.py
@@ -89,8 +91,12 @@ for step in $steps; do
         python3 -m ninfer.artifact synth --shape qwen3.6-35b-a3b "/tmp/$step.ninfer" --force >>"$out/$step.log" 2>&1
         history=${CONV_HISTORY:-16384}
         context=$((history + 2048))  # the KV pool holds every lane's full history: lanes, not pages, evict
-        tier=""  # the tier's arena on the second GPU (without one the server says why it runs none)
-        [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && tier="--cold-tier-device 1"
+        tier=""  # the tier's arena on the second GPU; on one GPU the server parks in pinned host memory
+        if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+            tier="--cold-tier-device 1"
+        elif [ -n "${CONV_HOST_MIB:-}" ]; then
+            tier="--cold-tier-host-mib $CONV_HOST_MIB"
+        fi
         # shellcheck disable=SC2086  # CONV_ARGS and tier are word lists
         run "$step" "${CONV_S:-480}" python3 ops/bench/serve.py "/tmp/$step.ninfer" --model qwen3.6-35b-a3b \
             --out "$out/conv35" --conversations "${CONV_N:-16}" --turns "${CONV_TURNS:-4}" \

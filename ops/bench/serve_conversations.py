@@ -5,7 +5,7 @@ each for `turns` turns whose histories grow toward `history_tokens`: every turn 
 previous answer and a new user message of filler words, sized (through the server's `/tokenize`)
 so the last turn's prompt is about `history_tokens` long. With more conversations than the
 server's lanes, residents are evicted between their turns: parked in the cold tier when it is on,
-dropped otherwise. Each request carries an `x-request-id`, so its line in the server's request log
+dropped otherwise (on one GPU, or the CPU, the tier is pinned host memory). Each request carries an `x-request-id`, so its line in the server's request log
 (`cached_tokens`, `prefix_reuse_path`, `cold_tier_restored`) says how the later turn got its
 prefix: restored from the cold tier, still resident on its lane, or prefilled again. `compare`
 sets a run with the tier against one without it on the same conversations: restore TTFT against
@@ -152,8 +152,12 @@ def cold_tier_status(view: LogView, server_log: Path) -> dict[str, Any]:
     settings = (start.get("settings") or {}).get("cold_tier")
     out: dict[str, Any] = {"cold_tier": bool(tier), "cold_tier_reason": None, "cold_tier_settings": settings}
     if tier:
+        arenas = tier.get("arenas") or []
         out["cold_tier_capacity_bytes"] = tier.get("capacity_bytes")
-        out["cold_tier_arenas"] = tier.get("arenas")
+        out["cold_tier_arenas"] = arenas
+        # where images are parked: pinned host memory (an arena on "cpu"), secondary GPUs, or both
+        places = {"host" if str(a.get("device")) == "cpu" else "gpu" for a in arenas}
+        out["cold_tier_kind"] = "+".join(sorted(places)) or None
         return out
     marker = "cold tier inactive: "
     text = server_log.read_text(errors="replace") if server_log.is_file() else ""

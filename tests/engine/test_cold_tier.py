@@ -1,4 +1,7 @@
-"""The cold tier on the CPU: host arenas (`CpuArenaStore`) stand in for the secondary devices.
+"""The cold tier on the CPU, through injected stores: host buffers standing in for secondary-GPU
+arenas (`CpuArenaStore`, the devices' staging code) and, where a test is parametrized by store,
+the host arena with small blocks (every image spans several; `tests/engine/test_cold_tier_host.py`
+runs the host arena the engine builds itself).
 
 Conversations that lose their lane are parked and come back through a restore, with outputs equal
 to engines that never reuse (or that keep every conversation resident on its own lane)."""
@@ -12,13 +15,27 @@ import pytest
 import torch
 
 from ninfer.engine.api import GenerationRequest, RequestStats, SamplingParams
-from ninfer.engine.cold_tier_store import CpuArenaStore
+from ninfer.engine.cold_tier_devices import CpuArenaStore
+from ninfer.engine.cold_tier_host import HostArena
+from ninfer.engine.cold_tier_store import Arena, ColdTierStore, RestoreError
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.sizing import page_bytes, slot_bytes
 from tests.speculative.helpers import mtp_model
 
 MIB = 1 << 20
+
+
+def _devices(capacity: int, chunk: int) -> list[Arena]:
+    return list(CpuArenaStore([capacity], staging_bytes=chunk).arenas)
+
+
+def _host(capacity: int, chunk: int) -> list[Arena]:
+    return [HostArena(capacity, pinned=False, block_bytes=chunk)]
+
+
+# one arena of `capacity` bytes, transfers in `chunk`-byte pieces (staging) or blocks (host)
+STORES = {"devices": _devices, "host": _host}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +95,7 @@ def alternate(engines: dict[str, Engine], n: int, rounds: int) -> dict[str, list
 def test_two_conversations_on_one_lane_restore_every_later_turn(model) -> None:
     engines = {
         "tier": engine(model, CpuArenaStore([4 * MIB, 4 * MIB], staging_bytes=4096)),
-        "plain": engine(model),  # no secondary device on the CPU: the tier is inactive
+        "plain": engine(model, cold_tier_host_mib=0),  # no secondary device, no host arena: no tier
         "off": engine(model, no_prefix_reuse=True),
     }
     try:
@@ -161,11 +178,12 @@ def _paths(stats: list[RequestStats]) -> list[tuple[str, bool]]:
     return [(s.reuse_path, bool(s.cold_tier.get("restored"))) for s in stats]
 
 
-def test_capacity_evicts_least_recently_parked(model) -> None:
+@pytest.mark.parametrize("kind", list(STORES))
+def test_capacity_evicts_least_recently_parked(model, kind: str) -> None:
     """Three conversations, one lane, arenas holding two images: the LRU order decides who returns.
     Ledgers stay within one page, so every image has the same size."""
     size = _one_page_image_bytes(model)
-    store = CpuArenaStore([2 * size + size // 2], staging_bytes=512)
+    store = ColdTierStore(STORES[kind](2 * size + size // 2, 512))
     engines = {"tier": engine(model, store), "off": engine(model, no_prefix_reuse=True)}
     try:
         chats = Chats(3, first=20, step=4)
@@ -192,32 +210,25 @@ def test_capacity_evicts_least_recently_parked(model) -> None:
             eng.shutdown(5)
 
 
-class FailingReads(CpuArenaStore):
-    """Host arenas whose next read breaks mid-transfer, after a few chunks reached the pools."""
+class FailingReads(ColdTierStore):
+    """A store whose next restore breaks mid-transfer, after a few pieces reached the pools."""
 
     fail = False
-    _reading = False
-    _copies = 0
+    _reads = 0
 
-    def _read(self, entry, device: torch.device):
-        self._reading = True
-        try:
-            yield from super()._read(entry, device)
-        finally:
-            self._reading = False
-
-    def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        if self._reading and self.fail:
-            self._copies += 1
-            if self._copies > 6:
+    def read(self, entry, offset: int, dst: torch.Tensor) -> None:
+        if self.fail:
+            self._reads += 1
+            if self._reads > 6:
                 self.fail = False
-                raise RuntimeError("injected transfer failure")
-        super()._copy(dst, src)
+                raise RestoreError("injected transfer failure")
+        super().read(entry, offset, dst)
 
 
-def test_oversize_park_and_failed_restore_fall_back(model) -> None:
-    small = engine(model, CpuArenaStore([1000], staging_bytes=256))  # smaller than any image
-    flaky_store = FailingReads([1 * MIB], staging_bytes=256)
+@pytest.mark.parametrize("kind", list(STORES))
+def test_oversize_park_and_failed_restore_fall_back(model, kind: str) -> None:
+    small = engine(model, ColdTierStore(STORES[kind](1000, 256)))  # smaller than any image
+    flaky_store = FailingReads(STORES[kind](1 * MIB, 256))
     flaky = engine(model, flaky_store)
     off = engine(model, no_prefix_reuse=True)
     try:

@@ -1,5 +1,6 @@
 """The cold tier in the request log: request_done fields and throughput occupancy valid under the
-schema, and the request-done console suffix while the tier is active."""
+schema, and the request-done console suffix while the tier is active (the host arena an engine on
+the CPU builds by default, against an engine with `cold_tier_host_mib=0`, which has no tier)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,11 @@ from types import SimpleNamespace
 
 import jsonschema
 
-from ninfer.engine.cold_tier_store import CpuArenaStore
 from ninfer.service.recorder import Recorder
 from ninfer.service.request_log import RequestLog
 from ninfer.service.telemetry import Tracing
 from ninfer.service.throughput import ThroughputReporter
-from tests.engine.test_cold_tier import MIB, Chats, engine, run
+from tests.engine.test_cold_tier import Chats, engine, run
 from tests.speculative.helpers import mtp_model
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "request-log.schema.json").read_text())
@@ -40,8 +40,9 @@ def _events(path: Path) -> list[dict]:
 
 def test_request_done_fields_and_console_suffix(tmp_path: Path) -> None:
     model = mtp_model(0)
-    tiered = engine(model, CpuArenaStore([1 * MIB, 3 * MIB], staging_bytes=4096))
-    plain = engine(model)
+    tiered = engine(model)
+    plain = engine(model, cold_tier_host_mib=0)
+    assert tiered.cold_tier is not None and plain.cold_tier is None
     path = tmp_path / "log.jsonl"
     recorder = Recorder(RequestLog(str(path), "instance"), Tracing(None))
     job = SimpleNamespace(protocol="chat_completions", client_request_id=None, compat=[])
@@ -84,7 +85,9 @@ def test_request_done_fields_and_console_suffix(tmp_path: Path) -> None:
         "append_frontier",
     ]
     last = on[-1]
-    assert last["cold_tier_active"] and last["cold_tier_capacity_bytes"] == 4 * MIB
+    assert (
+        last["cold_tier_active"] and last["cold_tier_capacity_bytes"] == tiered.cold_tier.store.capacity_bytes
+    )
     assert (last["cold_tier_parks"], last["cold_tier_restores"], last["cold_tier_entries"]) == (3, 2, 1)
     assert (
         last["cold_tier_evictions"]
@@ -93,7 +96,7 @@ def test_request_done_fields_and_console_suffix(tmp_path: Path) -> None:
         == 0
     )
     assert sum(a["used_bytes"] for a in last["cold_tier_arenas"]) == last["cold_tier_used_bytes"] > 0
-    assert [a["device"] for a in last["cold_tier_arenas"]] == ["cpu", "cpu"]
+    assert [(a["device"], a["entries"]) for a in last["cold_tier_arenas"]] == [("cpu", 1)]
     for e in off:
         assert (
             not e["cold_tier_active"] and e["cold_tier_capacity_bytes"] == 0 and e["cold_tier_arenas"] == []

@@ -1,4 +1,5 @@
-"""The sizing ledger counts the MTP drafter's one-layer KV pool and the speculative snapshot slots."""
+"""The sizing ledger counts the MTP drafter's one-layer KV pool and the speculative snapshot slots;
+the cold tier's arenas come from the settings (secondary GPUs, the host arena's size or none)."""
 
 from __future__ import annotations
 
@@ -55,19 +56,23 @@ def test_settings_reach_the_engine_config() -> None:
     from ninfer.config.loader import load_settings
 
     artifact = SimpleNamespace(model_id="demo", family="qwen3_5")
-    argv = ["cold_tier.device=2", "cold_tier.capacity_mib=300", "cold_tier.staging_mib=8"]
+    argv = [
+        "cold_tier.device=2",
+        "cold_tier.capacity_mib=300",
+        "cold_tier.staging_mib=8",
+        "cold_tier.host_mib=0",
+    ]
     cfg = engine_config(load_settings(argv), artifact, "cpu", "float32")
-    assert (cfg.cold_tier, cfg.cold_tier_device, cfg.cold_tier_capacity_mib, cfg.cold_tier_staging_mib) == (
-        True,
-        2,
-        300,
-        8,
-    )
+    assert (
+        cfg.cold_tier, cfg.cold_tier_device, cfg.cold_tier_capacity_mib, cfg.cold_tier_staging_mib, cfg.cold_tier_host_mib
+    ) == (True, 2, 300, 8, 0)  # fmt: skip
+    assert engine_config(load_settings([]), artifact, "cpu", "float32").cold_tier_host_mib is None
     assert not engine_config(load_settings(["cold_tier.enabled=false"]), artifact, "cpu", "float32").cold_tier
 
 
 def test_cuda_arena_selection(monkeypatch) -> None:
-    from ninfer.engine.cold_tier_store import MIB, cuda_arenas
+    from ninfer.engine.cold_tier_devices import cuda_arenas
+    from ninfer.engine.cold_tier_store import MIB
 
     free = {0: 50 << 30, 1: 10 << 30, 2: 100 * MIB}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (free[i], 80 << 30))
@@ -86,17 +91,48 @@ def test_cuda_arena_selection(monkeypatch) -> None:
         assert arenas == [] and "not a secondary device" in why
 
 
-def test_inactive_on_the_cpu_is_said_once(caplog) -> None:
+def test_host_arena_from_the_settings(caplog, monkeypatch) -> None:
+    """Unset: a quarter of the free host memory, said at startup; N MiB: N MiB; 0: no tier on the CPU."""
     import logging
 
+    from ninfer.engine import cold_tier_host
+    from ninfer.engine.cold_tier_host import HostArena
     from tests.engine.tiny import make_engine, tiny_model
 
-    with caplog.at_level(logging.INFO, logger="ninfer.engine.cold_tier"):
-        eng = make_engine(tiny_model(512), max_concurrency=1)
-    eng.shutdown(5)
-    lines = [r.getMessage() for r in caplog.records if r.name == "ninfer.engine.cold_tier"]
-    assert lines == ["cold tier inactive: the engine runs on cpu, not a CUDA device"]
-    assert eng.cold_tier is None and eng.cache.tier is None
+    monkeypatch.setattr(cold_tier_host, "free_host_bytes", lambda: 10 << 30)
+    model = tiny_model(512)
+    for host_mib, capacity in ((None, 10 << 28), (3, 3 << 20), (0, None)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="ninfer.engine.cold_tier"):
+            eng = make_engine(model, max_concurrency=1, cold_tier_host_mib=host_mib)
+        eng.shutdown(5)
+        lines = [r.getMessage() for r in caplog.records if r.name == "ninfer.engine.cold_tier"]
+        if capacity is None:
+            assert eng.cold_tier is None and eng.cache.tier is None
+            assert lines == [
+                "cold tier inactive: the engine runs on cpu, no secondary GPU; "
+                "the host arena is off (cold_tier.host_mib=0)"
+            ]
+            continue
+        assert eng.cold_tier is not None and eng.cache.tier is eng.cold_tier
+        (arena,) = eng.cold_tier.store.arenas
+        assert isinstance(arena, HostArena) and arena.capacity == capacity and not arena.pinned
+        how = "25% of 10.0 GiB free host memory" if host_mib is None else f"cold_tier.host_mib={host_mib}"
+        assert lines == [
+            f"cold tier: host arena {capacity / (1 << 30):.2f} GiB, plain (no CUDA: not pinned), {how}",
+            f"cold tier: 1 arena(s) [cpu], capacity {capacity / (1 << 30):.2f} GiB, staging 0 MiB",
+        ]
+
+
+def test_host_arena_beside_secondary_gpus_only_when_asked(monkeypatch) -> None:
+    from ninfer.engine import cold_tier_host
+    from ninfer.engine.cold_tier_host import host_capacity
+
+    monkeypatch.setattr(cold_tier_host, "free_host_bytes", lambda: 8 << 30)
+    assert host_capacity(None, beside_devices=True)[0] == 0  # the secondary GPUs hold the tier
+    assert host_capacity(None, beside_devices=False)[0] == 2 << 30
+    assert host_capacity(512, beside_devices=True) == (512 << 20, "cold_tier.host_mib=512")
+    assert host_capacity(0, beside_devices=False)[0] == 0
 
 
 def test_lane_image_covers_the_dflash_context_pool() -> None:

@@ -120,7 +120,15 @@ def test_checkpoint_at_the_resume_point_is_captured(pair) -> None:
 
 
 def test_lru_eviction_of_residents_under_page_pressure(small_model) -> None:
-    pair = Pair(small_model, max_concurrency=3, max_context=256, kv_capacity=512, prefill_chunk=64)
+    # the residents' own LRU: no host cold tier to bring an evicted one back (tests/engine/test_cold_tier*)
+    pair = Pair(
+        small_model,
+        max_concurrency=3,
+        max_context=256,
+        kv_capacity=512,
+        prefill_chunk=64,
+        cold_tier_host_mib=0,
+    )
     a, b, c = _prompt(120, 16), _prompt(120, 17), _prompt(190, 18)
     ga, _ = pair.run(a)  # resident A: 2 pages
     gb, _ = pair.run(b)  # resident B: 2 pages

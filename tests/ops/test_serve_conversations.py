@@ -52,7 +52,9 @@ def test_split_counters_and_comparison(tmp_path: Path) -> None:
              "conv1-turn1": ("full_reset", False), "conv1-turn2": ("append_frontier", False)}  # fmt: skip
     tier_events = [_done(None, parks=2)]  # an earlier section's request: its parks are not the run's
     tier_events += [_done(i, *paths.get(i, ("none", False)), parks=5) for i in ids]
-    tier_log = _log(tmp_path, "tier", tier_events, {"capacity_bytes": 1 << 30, "arenas": ["cuda:1"]})
+    tier_log = _log(
+        tmp_path, "tier", tier_events, {"capacity_bytes": 1 << 30, "arenas": [{"device": "cuda:1"}]}
+    )
     none_log = _log(
         tmp_path,
         "none",
@@ -70,6 +72,7 @@ def test_split_counters_and_comparison(tmp_path: Path) -> None:
         **conv.summarize_run(SCRIPT, tier_turns, 2.0, tier_view),
     }
     assert summary["cold_tier"] is True and summary["cold_tier_reason"] is None
+    assert summary["cold_tier_kind"] == "gpu"
     assert summary["restored"] == 1 and summary["parked"] == 3 and summary["later_turns"] == 4
     split = summary["later_ttft_by_prefix"]
     assert {k: v["turns"] for k, v in split.items()} == {"restored": 1, "resident": 2, "prefill": 1}
