@@ -55,7 +55,10 @@ Tensor = torch.Tensor | QuantWeight  # an FP8 checkpoint's experts arrive quanti
 
 def _cat(a: Tensor, b: Tensor) -> Tensor:
     if isinstance(a, QuantWeight) and isinstance(b, QuantWeight):
-        return cat_rows([a, b])
+        try:
+            return cat_rows([a, b])
+        except ValueError as err:
+            raise ArtifactError(f"an expert's gate and up projections cannot form one bank: {err}") from None
     if isinstance(a, QuantWeight) or isinstance(b, QuantWeight):
         raise ArtifactError("an expert's gate and up projections differ in format")
     return torch.cat([a, b], dim=0)
@@ -281,7 +284,8 @@ def convert(
                     f"shape mismatch for {name}: checkpoint {list(t.shape)}, config {list(want)}"
                 )
             cw = writer.component(comp)
-            if isinstance(t, QuantWeight) or want is None:  # as the checkpoint has it (vision: dense)
+            # as the checkpoint has it: vision; every tensor of an FP8 checkpoint (what it left dense stays so)
+            if isinstance(t, QuantWeight) or want is None or fp8:
                 cw.add_quantized(name, t) if isinstance(t, QuantWeight) else cw.add(name, t)
                 return
             for stored, part in store_as(profile, config, identity.model_id, name, t):

@@ -155,3 +155,90 @@ def test_mtp_speculation_on_a_quantized_artifact_equals_spec_off(checkpoint, tmp
     finally:
         ref.shutdown(5)
         eng.shutdown(5)
+
+
+def _fp8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """This test's own FP8 checkpoint writer: e4m3 codes and fp32 scale_inv per 128 x 128 block."""
+    n, k = w.shape
+    nb, kb = -(-n // 128), -(-k // 128)
+    scale = torch.ones(nb, kb)
+    for i in range(nb):
+        for j in range(kb):
+            amax = w[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128].abs().max()
+            scale[i, j] = amax / 448.0 if amax > 0 else 1.0
+    full = scale.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    return (w / full).clamp(-448, 448).to(torch.float8_e4m3fn), scale
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_an_fp8_checkpoint_converts_as_it_is(kind: str, tmp_path: Path) -> None:
+    """A Hugging Face FP8 checkpoint (quantization_config fp8, weight + weight_scale_inv, some modules
+    left unconverted; MoE experts per expert) converts without a pass through bf16: the artifact holds
+    its codes and scales, and the engine equals transformers on the block-dequantized weights."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    extra = {"moe_intermediate_size": 128} if kind == "moe" else {}  # expert gate | up at 128-row blocks
+    hf_dir = make_hf_checkpoint(
+        tmp_path / "hf", kind, seed=4, with_mtp=False, per_expert_keys=kind == "moe", **extra
+    )
+    fp8_dir = tmp_path / "fp8"
+    fp8_dir.mkdir()
+    state = load_file(hf_dir / "model.safetensors")
+    out, dequantized, keep = (
+        {},
+        {},
+        ["embed_tokens", "lm_head", "norm", "mlp.gate.", "shared_expert_gate", "in_proj_a", "in_proj_b"],
+    )
+    for name, t in state.items():
+        if t.dim() == 2 and name.endswith("proj.weight") and not any(s in name for s in keep):
+            codes, scale = _fp8_blocks(t.float())
+            out[name], out[name + "_scale_inv"] = codes, scale
+            full = scale.repeat_interleave(128, 0)[: t.shape[0]].repeat_interleave(128, 1)[:, : t.shape[1]]
+            dequantized[name] = codes.float() * full
+        else:
+            out[name] = t
+    save_file(out, str(fp8_dir / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+                                  "activation_scheme": "dynamic", "modules_to_not_convert": keep}  # fmt: skip
+    (fp8_dir / "config.json").write_text(json.dumps(cfg))
+    for f in hf_dir.iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            (fp8_dir / f.name).write_bytes(f.read_bytes())
+    art = open_artifact(convert(fp8_dir, tmp_path / "q.ninfer"))
+    assert art.weight_profile == "fp8"
+    specs = art.quantized["text"]
+    assert all(s.fmt == "fp8_e4m3_b128" for s in specs.values())
+    assert ("model.layers.0.mlp.experts.gate_up_proj" in specs) == (kind == "moe")
+    assert "model.embed_tokens.weight" not in specs and "lm_head.weight" not in specs
+    hf = AutoModelForCausalLM.from_pretrained(
+        hf_dir, dtype=torch.float32, experts_implementation="eager"
+    ).eval()
+    ref_state = {}
+    for name, w in dequantized.items():  # per-expert keys back to the fused banks transformers holds
+        ref_state[name] = w
+    if kind == "moe":
+        for layer in range(hf.config.num_hidden_layers):
+            p = f"model.layers.{layer}.mlp.experts."
+            e = hf.config.num_experts
+            gu = [
+                torch.cat(
+                    [ref_state.pop(f"{p}{i}.gate_proj.weight"), ref_state.pop(f"{p}{i}.up_proj.weight")]
+                )
+                for i in range(e)
+            ]
+            ref_state[p + "gate_up_proj"] = torch.stack(gu)
+            ref_state[p + "down_proj"] = torch.stack(
+                [ref_state.pop(f"{p}{i}.down_proj.weight") for i in range(e)]
+            )
+    _, unexpected = hf.load_state_dict(ref_state, strict=False)
+    assert not unexpected
+    prompt = torch.randint(
+        0, hf.config.vocab_size, (60,), generator=torch.Generator().manual_seed(3)
+    ).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0]
+    logits = LLM(art.path).logits(prompt)
+    assert (logits - ref).abs().max() / ref.abs().max() <= 1e-4
