@@ -23,7 +23,8 @@
 # COMPILE_S seconds (400): under OUT_DIR/compile), "grammar_27b" / "grammar_35b" (grammar_overhead.py
 # on the serve steps' synthetic artifacts: under OUT_DIR/grammar), "quant_tests" (the quantized kernels'
 # tests compiled), "qgemv_micro" (the quantized GEMV's config sweep, QGEMV_ROWS), "bench_27b_q" /
-# "bench_27b_fp8" / "bench_35b_q" (run.py on the groupwise-int / fp8 profile: under OUT_DIR/q). At most
+# "bench_27b_fp8" / "bench_35b_q" (run.py on the groupwise-int / fp8 profile: under OUT_DIR/q), "memfit_27b"
+# (memory_fit.py: the 27B groupwise-int server at 16k context and 2 lanes, peak GPU bytes). At most
 # eight files land in OUT_DIR (logs, result JSON; the 35B-A3B result under OUT_DIR/m35).
 # BENCH27_ARGS / BENCH35_ARGS replace the benches' section flags (defaults: "--skip hf" and
 # "--skip hf,spec --startup qwen3.6-35b-a3b"); BENCH27_S / BENCH35_S their seconds (300 / 220);
@@ -131,11 +132,14 @@ for step in $steps; do
         # shellcheck disable=SC2086
         run "$step" "${BENCHQ_S:-240}" python3 ops/bench/run.py --quick --models "$shape" --weights "$profile" \
             ${BENCHQ_ARGS:---skip hf,spec,int8,eager,compiled} --budget-s "$(( ${BENCHQ_S:-240} - 20 ))" --out "$out/q" ;;
+    memfit_27b)  # the 27B groupwise-int server's GPU memory at 16k context, 2 lanes (the 24 GB target)
+        run memfit_27b 240 python3 ops/bench/memory_fit.py --shape qwen3.6-27b --weights groupwise-int --out "$out/q" \
+            -- --max-context 16384 --max-concurrency 2 ;;
     micro)
         run micro 90 python3 ops/bench/moe_micro.py --out "$out"
         run micro 60 python3 ops/bench/gemv_micro.py --out "$out"
         ;;
-    *) echo "unknown step $step (quant_tests qgemv_micro bench_27b_q bench_27b_fp8 bench_35b_q bench_27b bench_35b serve_27b serve_35b conversations_35b prefill_graphs grammar_27b grammar_35b compile probe spec_identity moe_sweep kernel_tests micro)" ;;
+    *) echo "unknown step $step (quant_tests qgemv_micro bench_27b_q bench_27b_fp8 bench_35b_q memfit_27b bench_27b bench_35b serve_27b serve_35b conversations_35b prefill_graphs grammar_27b grammar_35b compile probe spec_identity moe_sweep kernel_tests micro)" ;;
     esac
 done
 echo "done in $(($(date +%s) - start)) s"
