@@ -11,8 +11,8 @@
 # cold / warm start; the compiled kernel tests; the MoE and GEMV micro-benchmarks; on request
 # "probe" (ops/bench/oracle_probe.py), "spec_identity" (ops/bench/spec_identity.py), "moe_sweep"
 # (moe_micro.py --sweep at SWEEP_TOKENS) and "serve_27b" / "serve_35b" (ops/bench/serve.py on a
-# synthetic-weight artifact of the full shape: SERVE_S seconds, SOAK_S of soak, SERVE_ARGS more
-# flags; results under OUT_DIR/27b and OUT_DIR/35b) and "conversations_35b" (serve.py's conversations
+# synthetic-weight artifact of the full shape in profile SYNTH_WEIGHTS (bf16): SERVE_S seconds, SOAK_S
+# of soak, SERVE_ARGS more flags; results under OUT_DIR/27b and OUT_DIR/35b) and "conversations_35b" (serve.py's conversations
 # mode on the 35B-A3B synthetic artifact: CONV_N conversations (16) over 8 lanes growing to
 # CONV_HISTORY tokens (16384) in CONV_TURNS turns (4), the cold tier on GPU 1 when there is one,
 # else in pinned host memory (CONV_HOST_MIB MiB; unset: the server's default, a quarter of the
@@ -24,7 +24,8 @@
 # on the serve steps' synthetic artifacts: under OUT_DIR/grammar), "quant_tests" (the quantized kernels'
 # tests compiled), "qgemv_micro" (the quantized GEMV's config sweep, QGEMV_ROWS), "bench_27b_q" /
 # "bench_27b_fp8" / "bench_35b_q" (run.py on the groupwise-int / fp8 profile: under OUT_DIR/q), "memfit_27b"
-# (memory_fit.py: the 27B groupwise-int server at 16k context and 2 lanes, peak GPU bytes). At most
+# (memory_fit.py: the 27B groupwise-int server at 16k context and 2 lanes, peak GPU bytes), "quant_error"
+# (quant_error.py: each profile against the bf16 model it encodes, 4 layers of each shape). At most
 # eight files land in OUT_DIR (logs, result JSON; the 35B-A3B result under OUT_DIR/m35).
 # BENCH27_ARGS / BENCH35_ARGS replace the benches' section flags (defaults: "--skip hf" and
 # "--skip hf,spec --startup qwen3.6-35b-a3b"); BENCH27_S / BENCH35_S their seconds (300 / 220);
@@ -82,7 +83,8 @@ for step in $steps; do
         shape=qwen3.6-27b
         [ "$step" = serve_35b ] && shape=qwen3.6-35b-a3b
         pkill -f ninfer.service.cli && sleep 5  # a server left by a step cut short holds the GPU
-        python3 -m ninfer.artifact synth --shape "$shape" "/tmp/$step.ninfer" --force >>"$out/$step.log" 2>&1
+        python3 -m ninfer.artifact synth --shape "$shape" --weights "${SYNTH_WEIGHTS:-bf16}" "/tmp/$step.ninfer" \
+            --force >>"$out/$step.log" 2>&1
         # shellcheck disable=SC2086  # SERVE_ARGS is a word list
         run "$step" "${SERVE_S:-280}" python3 ops/bench/serve.py "/tmp/$step.ninfer" --model "$shape" \
             --out "$out/${step#serve_}" --soak-s "${SOAK_S:-120}" ${SERVE_ARGS:-} \
@@ -132,6 +134,10 @@ for step in $steps; do
         # shellcheck disable=SC2086
         run "$step" "${BENCHQ_S:-240}" python3 ops/bench/run.py --quick --models "$shape" --weights "$profile" \
             ${BENCHQ_ARGS:---skip hf,spec,int8,eager,compiled} --budget-s "$(( ${BENCHQ_S:-240} - 20 ))" --out "$out/q" ;;
+    quant_error)  # top-1 agreement and KL of each profile against the bf16 model it encodes (4 layers)
+        run quant_error 150 python3 ops/bench/quant_error.py --shape qwen3.6-27b --out "$out/q"
+        run quant_error 150 python3 ops/bench/quant_error.py --shape qwen3.6-35b-a3b --out "$out/q"
+        ;;
     memfit_27b)  # the 27B groupwise-int server's GPU memory at 16k context, 2 lanes (the 24 GB target)
         run memfit_27b 240 python3 ops/bench/memory_fit.py --shape qwen3.6-27b --weights groupwise-int --out "$out/q" \
             -- --max-context 16384 --max-concurrency 2 ;;
@@ -139,7 +145,7 @@ for step in $steps; do
         run micro 90 python3 ops/bench/moe_micro.py --out "$out"
         run micro 60 python3 ops/bench/gemv_micro.py --out "$out"
         ;;
-    *) echo "unknown step $step (quant_tests qgemv_micro bench_27b_q bench_27b_fp8 bench_35b_q memfit_27b bench_27b bench_35b serve_27b serve_35b conversations_35b prefill_graphs grammar_27b grammar_35b compile probe spec_identity moe_sweep kernel_tests micro)" ;;
+    *) echo "unknown step $step (quant_tests qgemv_micro quant_error bench_27b_q bench_27b_fp8 bench_35b_q memfit_27b bench_27b bench_35b serve_27b serve_35b conversations_35b prefill_graphs grammar_27b grammar_35b compile probe spec_identity moe_sweep kernel_tests micro)" ;;
     esac
 done
 echo "done in $(($(date +%s) - start)) s"

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ninfer.model.config import TextConfig
 from ops.bench.engine_runs import (
     EngineSpec,
     decode_round,
@@ -223,3 +224,16 @@ def bench_model(
             log(f"{a.name}: HF baseline failed: {res['hf_error']}")
     del model
     free()
+    if a.weights != "bf16" and section("quant error", need(90)):  # against the bf16 model it encodes
+        from ninfer.artifact.synth import synth_config
+        from ops.bench.quant_error import measure
+
+        qcfg = TextConfig.from_hf(shape) if a.smoke else synth_config(a.name, 4, mtp=False)
+        res["quant_error"] = measure(qcfg, a.name, [a.weights], device=a.es.device, backend=a.backend,
+                                     prompts=1 if a.smoke else 4, tokens=96 if a.smoke else 256)  # fmt: skip
+        q = res["quant_error"]["profiles"][a.weights]
+        log(
+            f"{a.name}: quant error top1 {q['top1_agree']:.3f} KL {q['kl_mean']:.2e} (bf16 noise "
+            f"{res['quant_error']['bf16_noise']['top1_agree']:.3f} / {res['quant_error']['bf16_noise']['kl_mean']:.2e})"
+        )
+        save()

@@ -327,6 +327,13 @@ def _ratios(result: dict[str, Any]) -> None:
             http[key]["of_engine"] = round((http[key]["output_tok_s"] or 0) / eng[batch], 3)
 
 
+def _weight_profile(artifact: str) -> str:
+    """The artifact's weight profile (`bf16`, `groupwise-int`, `fp8`, ...), read from its manifest."""
+    from ninfer.artifact import open_artifact
+
+    return open_artifact(artifact).weight_profile
+
+
 def main(argv: list[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     p, own, server = artifact_args(__doc__, raw)  # server flags follow "--"
@@ -381,7 +388,10 @@ def main(argv: list[str] | None = None) -> int:
                               "prompt_words": args.prompt_words, "output_tokens": out_tokens,
                               "profile": size.name, "complete": False}  # fmt: skip
     meta = provenance("ops/bench/serve.py", raw)
-    path = args.out / f"{meta['date'][:10]}-{meta['commit']}-serve-{args.model}.json"
+    weights = _weight_profile(args.artifact)
+    result["weights"] = weights
+    tag = "" if weights == "bf16" else f"-{weights}"
+    path = args.out / f"{meta['date'][:10]}-{meta['commit']}-serve-{args.model}{tag}.json"
 
     def save() -> None:  # after every section: a run cut short still leaves what it measured
         write_json(path, {**meta, **result})
