@@ -102,6 +102,11 @@ def candidates(m: int, quick: bool, fmt: str) -> list[Any]:
                 for gps in gpss[-2:]:
                     out.append(QGemvConfig(max(1, m), bn, 0, 4, 3, False, True, gps, par))
             out.append(QGemvConfig(16, 64, 0, 4, 3, True, True, gpss[0], par))
+        # the word kernel (`qgemv_words`): words of a row per iteration, tile rows, warps, stages
+        if m == 1 and not fp8:
+            for words, bn, warps, stages in ((32, 32, 4, 2), (64, 32, 4, 2), (32, 64, 8, 2), (64, 64, 8, 2),
+                                             (32, 32, 4, 1), (64, 32, 4, 1), (128, 16, 4, 2), (32, 16, 4, 2)):  # fmt: skip
+                out.append(QGemvConfig(1, bn, 0, warps, stages, False, True, 1, False, words=words))
     else:
         bm = 16 if m <= 16 else 32
         for par in parities:

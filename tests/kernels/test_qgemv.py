@@ -63,6 +63,18 @@ def test_inner_products_decodings_and_splits(
         _check(qgemv.qgemv(x, w, cfg), x, w)
 
 
+@pytest.mark.parametrize("fmt", FORMATS[:4])
+@pytest.mark.parametrize(("words", "split", "block_n"), [(16, 1, 16), (64, 3, 32), (32, 2, 64)])
+def test_word_kernel(fmt: str, words: int, split: int, block_n: int) -> None:
+    """One row through `qgemv_words` (codes decoded a 32-bit word at a time straight into fp32
+    mantissas): ragged N, K = 450 stored padded to 512 (a zero tail of codes and scales), chunks
+    wider than a row narrowed to one that divides it, a split whose last part is short."""
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w = _case(fmt, 1, 70, 450, dtype, seed=11)
+        cfg = qgemv.QGemvConfig(1, block_n, split, 4, 2, False, True, 1, False, words=words)
+        _check(qgemv.qgemv(x, w, cfg), x, w)
+
+
 def test_extreme_codes_and_zero_groups() -> None:
     """Every code value of each format appears (the signed ends included) and whole zero groups."""
     for fmt in FORMATS[:4]:
@@ -75,6 +87,7 @@ def test_extreme_codes_and_zero_groups() -> None:
         for magic in (False, True):
             cfg = dataclasses.replace(qgemv.pick_config(1, 3, w.scale.shape[1], fmt, x.dtype), magic=magic)
             _check(qgemv.qgemv(x, w, cfg), x, w)
+        _check(qgemv.qgemv(x, w, qgemv.QGemvConfig(1, 16, 1, 4, 2, False, True, 1, words=32)), x, w)
 
 
 def test_bad_arguments() -> None:

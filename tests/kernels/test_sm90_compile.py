@@ -211,6 +211,9 @@ def quantized_launches(rec: Recorder) -> None:
                 entry = table.get(qgemv.table_key(fmt, n, k, m))
                 if entry is not None and m in (1, 8):
                     qgemv.qgemv(x, w, qgemv.QGemvConfig(**entry))
+                if m == 1 and fmt != "fp8_e4m3_b128":  # the word kernel's swept tiles
+                    for words, bn, warps in ((32, 32, 4), (64, 32, 4), (32, 64, 8), (64, 64, 8), (128, 16, 4)):
+                        qgemv.qgemv(x, w, qgemv.QGemvConfig(1, bn, 2, warps, 2, False, True, 1, words=words))
         for fmt_in, fmt_down in (("q4_g64", "q5_g64"), ("q4_g64", "q6_g64"), ("q8_g32", "q8_g32")):
             e, h, ie = 256, 2048, 512
             gate_up, down = _meta_weight(fmt_in, (e, 2 * ie, h)), _meta_weight(fmt_down, (e, h, ie))

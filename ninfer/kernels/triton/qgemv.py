@@ -35,6 +35,7 @@ from ninfer.kernels.triton import pdl
 from ninfer.kernels.triton.gemv import _INTERPRET, NUM_SMS, _split_sum_kernel
 from ninfer.kernels.triton.pdl import pdl_enter
 from ninfer.kernels.triton.qdecode import decode_group, decode_group_parity
+from ninfer.kernels.triton.qgemv_words import chunk_words, qgemv_words_kernel, row_words
 
 MAX_ROWS = 64  # M above this goes to dequantize + torch.nn.functional.linear (`dequant.py`)
 FMT_IDS = {"q4_g64": 0, "q5_g64": 1, "q6_g64": 2, "q8_g32": 3, "fp8_e4m3_b128": 4}
@@ -54,6 +55,7 @@ class QGemvConfig:
     magic: bool
     gps: int = 4  # scale groups per loop iteration
     parity: bool = False  # Q4 / Q5 / Q6 lanes kept apart by parity (x split to match)
+    words: int = 0  # one row of a groupwise format: `qgemv_words` with this many words a row per iteration
 
 
 @triton.jit
@@ -274,6 +276,9 @@ def qgemv(x: torch.Tensor, w: QuantWeight, config: QGemvConfig | None = None) ->
     per_split = triton.cdiv(groups, cfg.split)
     split = triton.cdiv(groups, per_split)
     out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    if m == 1 and cfg.words and fmt < 4:
+        _launch_words(x2, w, y, cfg, fmt, n, k)
+        return y.view(*lead, n)
     high = high_words(w)
     if m == 1 and not cfg.use_dot:
         _qgemv_row_kernel[(triton.cdiv(n, cfg.block_n), split)](
@@ -303,3 +308,31 @@ def _launch_rows(
         PARITY=cfg.parity, USE_DOT=cfg.use_dot, MAGIC=cfg.magic,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch(x2),
     )  # fmt: skip
+
+
+def _launch_words(x2: torch.Tensor, w: QuantWeight, y: torch.Tensor, cfg: QGemvConfig, fmt: int, n: int, k: int) -> None:
+    """One row of a groupwise format through `qgemv_words` (the base plane read as int32 words)."""
+    base = w.base
+    if base.stride(-1) != 1 or base.storage_offset() % 4 or base.stride(0) % 4:
+        raise ValueError("the base plane of a word-read weight must be 4-byte aligned rows")
+    base32 = base.view(torch.int32)
+    rw = row_words(fmt, w.base.shape[1] * (2 if fmt < 3 else 1))
+    bkw = chunk_words(cfg.words, rw)
+    chunks = rw // bkw
+    per_split = triton.cdiv(chunks, max(1, min(cfg.split, chunks)))
+    split = triton.cdiv(chunks, per_split)
+    if w.high is None:
+        high = base32
+    elif fmt == 2:
+        high = w.high.view(torch.int16)  # halfword j: word j's high bits
+    else:
+        high = w.high
+    out = y if split == 1 else torch.empty((split, 1, n), dtype=torch.float32, device=x2.device)
+    qgemv_words_kernel[(triton.cdiv(n, cfg.block_n), split)](
+        x2, base32, high, w.scale, out, n, k, chunks, per_split,
+        base32.stride(0), high.stride(0), w.scale.stride(0), 0 if split == 1 else n,
+        FMT=fmt, BLOCK_N=cfg.block_n, BKW=bkw,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch(x2),
+    )  # fmt: skip
+    if split > 1:
+        _split_sum_kernel[(triton.cdiv(n, 1024),)](out, y, n, SPLIT=split, BLOCK=1024, num_warps=4, **pdl.launch(x2))
