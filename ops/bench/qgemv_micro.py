@@ -104,8 +104,8 @@ def candidates(m: int, quick: bool, fmt: str) -> list[Any]:
             out.append(QGemvConfig(16, 64, 0, 4, 3, True, True, gpss[0], par))
         # the word kernel (`qgemv_words`): words of a row per iteration, tile rows, warps, stages
         if m == 1 and not fp8:
-            for words, bn, warps, stages in ((32, 32, 4, 2), (64, 32, 4, 2), (32, 64, 8, 2), (64, 64, 8, 2),
-                                             (32, 32, 4, 1), (64, 32, 4, 1), (128, 16, 4, 2), (32, 16, 4, 2)):  # fmt: skip
+            for words, bn, warps, stages in ((128, 16, 4, 2), (128, 16, 4, 3), (128, 8, 4, 2), (128, 8, 4, 3),
+                                             (128, 16, 8, 2), (128, 16, 8, 3), (128, 32, 8, 2), (64, 32, 4, 2)):  # fmt: skip
                 out.append(QGemvConfig(1, bn, 0, warps, stages, False, True, 1, False, words=words))
     else:
         bm = 16 if m <= 16 else 32
