@@ -64,10 +64,16 @@ def prepare(
         raise ContextLengthExceeded(len(prompt), ctx)
     params = request.params
     max_tokens = config.default_max_tokens if params.max_tokens is None else params.max_tokens
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    if params.logprobs is not None and not 0 <= params.logprobs <= 20:
-        raise ValueError(f"logprobs must be in [0, 20], got {params.logprobs}")
+    scoring = params.prompt_logprobs is not None
+    if max_tokens < (0 if scoring else 1):
+        raise ValueError(f"max_tokens must be >= {0 if scoring else 1}, got {max_tokens}")
+    for name, value in (("logprobs", params.logprobs), ("prompt_logprobs", params.prompt_logprobs)):
+        if value is not None and not 0 <= value <= 20:
+            raise ValueError(f"{name} must be in [0, 20], got {value}")
+    if scoring and mm is not None:
+        raise ValueError("prompt_logprobs are not computed for prompts with media")
+    if params.thinking_budget is not None and params.thinking_budget < 0:
+        raise ValueError(f"thinking_budget must be >= 0, got {params.thinking_budget}")
     preset = config.thinking_preset if request.thinking else config.non_thinking_preset
     resolved = resolve_sampling(params, preset, config.sampling)
     stop_ids = frozenset(params.stop_token_ids) if params.stop_token_ids is not None else default_stop_ids
