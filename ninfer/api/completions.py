@@ -98,7 +98,12 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> tuple[GenerationJob, str, st
         protocol="completions",
         conversation=Conversation(messages=[]),
         controls=RequestOptions(),
-        params=replace(sampling_params(body, max_tokens), logprobs=logprobs, prompt_logprobs=prompt_top),
+        params=replace(
+            sampling_params(body, max_tokens),
+            max_tokens=1 if max_tokens is None else max_tokens,  # 0: score the prompt only
+            logprobs=logprobs,
+            prompt_logprobs=prompt_top,
+        ),
         max_tokens_given=max_tokens is not None,
         stream=stream,
         shape={
