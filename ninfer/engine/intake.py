@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 
 from ninfer.engine.api import ContextLengthExceeded, GenerationRequest, QueueTimeout, RequestStats
 from ninfer.engine.config import EngineConfig
-from ninfer.engine.sampler import ResolvedSampling, TokenConstraint, resolve_sampling
+from ninfer.engine.sampler import DraftConstraint, ResolvedSampling, TokenConstraint, resolve_sampling
 from ninfer.engine.speculative import counters as spec_counters
 from ninfer.engine.stops import Detokenizer
+from ninfer.engine.thinking_budget import ThinkClose, ThinkingBudget
 from ninfer.engine.tickets import Ticket
 
 if TYPE_CHECKING:
@@ -84,11 +85,14 @@ def prepare(
     if spec is not None:
         stats.speculative = spec_counters.new_counters(spec.backend, spec.k)
     entitlement = min(max_tokens, ctx - len(prompt))
-    constraint = None
+    constraint: TokenConstraint | None = None
     if request.constraint is not None:
         if grammars is None:
             raise ValueError("constrained output needs an engine with a tokenizer")
         constraint = grammars.constraint(request.constraint, request.thinking, entitlement)
+    budget = params.thinking_budget if params.thinking_budget is not None else config.default_thinking_budget
+    if request.thinking and budget is not None:
+        constraint = thinking_budget(budget, config, constraint)
     return Intake(
         entitlement=entitlement,
         sampling=resolved,
@@ -97,3 +101,12 @@ def prepare(
         stats=stats,
         constraint=constraint,
     )
+
+
+def thinking_budget(budget: int, config: EngineConfig, inner: TokenConstraint | None) -> ThinkingBudget:
+    """The budget's mask around the request's grammar (if any); refused without the close tokens."""
+    if not config.think_close or config.think_end_id is None:
+        raise ValueError("a thinking budget needs an engine with a tokenizer (the end-of-thinking tokens)")
+    if inner is not None and not isinstance(inner, DraftConstraint):
+        raise TypeError(f"{type(inner).__name__} cannot carry a thinking budget")
+    return ThinkingBudget(budget, ThinkClose.split(config.think_close, config.think_end_id), inner)
