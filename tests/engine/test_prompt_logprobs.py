@@ -88,3 +88,34 @@ def test_intake_bounds(small_model) -> None:
                 eng.submit(eng.reserve(), GenerationRequest("x", (1, 2, 3), params))
     finally:
         eng.shutdown(5)
+
+
+def test_scored_prompts_skip_the_prefill_graphs(small_model) -> None:
+    """With captured prefill graphs (EagerCapture), short scored prompts take the eager prefill
+    (every position's logits): exact values, and only the unscored prompt replays a graph."""
+    from ninfer.engine.config import EngineConfig
+    from tests.engine.test_prefill_graphs import _graphed
+
+    ref = LLM.from_model(small_model)
+    cfg = EngineConfig(max_concurrency=3, max_pending=8, max_context=256, prefill_chunk=64, kv_capacity=768)
+    prompts = [[(i * 17 + s) % 500 + 1 for i in range(n)] for s, n in enumerate((12, 30, 20))]
+    engine, _, used = _graphed(small_model, cfg, (16, 32))
+    try:
+        scored = [
+            SamplingParams(max_tokens=1, prompt_logprobs=2),
+            SamplingParams(max_tokens=0, prompt_logprobs=1),
+        ]
+        handles = [
+            engine.submit(engine.reserve(), GenerationRequest(f"g{i}", tuple(p), params))
+            for i, (p, params) in enumerate(
+                zip(prompts, [*scored, SamplingParams(max_tokens=1)], strict=True)
+            )
+        ]
+        outs = [list(h) for h in handles]
+    finally:
+        engine.shutdown(5)
+    for p, out, top in zip(prompts[:2], outs[:2], (2, 1), strict=True):
+        assert out[0].prompt_logprobs is not None
+        _check(ref, p, out[0].prompt_logprobs, top)
+    assert outs[2][0].prompt_logprobs is None
+    assert [b for b, _ in used] == [1]  # the unscored prompt alone
