@@ -41,7 +41,8 @@ class FrontendDecoder:
     def __init__(self, thinking: bool, tools: list[Tool], think_end: int | None = None) -> None:
         self._parser = fp.OutputParser(thinking=thinking, tools=tools)
         self._reasoning_tokens = 0
-        # reasoning tokens are the ids before the end-of-thinking token (`think_end`, not counted);
+        # reasoning tokens: the ids accepted in the reasoning channel, the end of thinking
+        # (`think_end`) included, counted id by id (a speculative step may hold both channels);
         # without its id, the ids of the steps that began in the reasoning channel
         self._think_end = think_end
         self._thinking = thinking
@@ -56,10 +57,10 @@ class FrontendDecoder:
             for t in step.token_ids:
                 if not self._thinking:
                     break
+                if t != step.stop_token_id:
+                    self._reasoning_tokens += 1
                 if t == self._think_end:
                     self._thinking = False
-                elif t != step.stop_token_id:
-                    self._reasoning_tokens += 1
         return self._parser.feed_text(step.text) if step.text else []
 
     def finish(self) -> tuple[list[fp.Event], fp.ParseResult]:

@@ -272,7 +272,7 @@ class SamplingSettings(BaseSettings):
     preserve_thinking: bool = Field(False, description="preserve closed-turn assistant reasoning by default")
     default_thinking_budget: Int | None = Field(
         None,
-        ge=0,
+        ge=1,
         description="reasoning tokens a thinking request may use when it sets no budget of its own",
         json_schema_extra=cli(shown="unlimited"),
     )

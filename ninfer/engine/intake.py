@@ -73,8 +73,8 @@ def prepare(
             raise ValueError(f"{name} must be in [0, 20], got {value}")
     if scoring and mm is not None:
         raise ValueError("prompt_logprobs are not computed for prompts with media")
-    if params.thinking_budget is not None and params.thinking_budget < 0:
-        raise ValueError(f"thinking_budget must be >= 0, got {params.thinking_budget}")
+    if params.thinking_budget is not None and params.thinking_budget < 1:
+        raise ValueError(f"thinking_budget must be >= 1 (</think> counts), got {params.thinking_budget}")
     preset = config.thinking_preset if request.thinking else config.non_thinking_preset
     resolved = resolve_sampling(params, preset, config.sampling)
     stop_ids = frozenset(params.stop_token_ids) if params.stop_token_ids is not None else default_stop_ids

@@ -1,12 +1,14 @@
-"""Thinking budgets: a thinking request reasons at most `budget` tokens; then the engine closes the
-reasoning with the template's own end-of-thinking tokens and the answer follows.
+"""Thinking budgets: a thinking request reasons at most `budget` tokens (`</think>` included: the
+contract counts the ids accepted in the reasoning channel); then the engine closes the reasoning
+with the template's own end-of-thinking tokens and the answer follows.
 
 The budget is a token mask (`ninfer.engine.sampler.TokenConstraint`): while reasoning, nothing is
-masked (the model may end its thinking early); once the tokens left equal the close sequence's part
-before `</think>` (the template's "\\n</think>\\n\\n": the newline), only the next close token is
-admitted, one position at a time, until the sequence is written. A masked position samples its one
-admitted token at any temperature, so plain, speculative (drafts verified under the same masks:
-a draft that leaves the close sequence is rejected there) and launch-free paths agree.
+masked (the model may end its thinking early); once the tokens left equal the close sequence up to
+`</think>` (the template's "\\n</think>": the newline and `</think>`), only the next close token is
+admitted, one position at a time, until the sequence is written (a budget of 1: `</think>` alone).
+A masked position samples its one admitted token at any temperature, so the plain and the
+speculative paths agree (drafts are verified under the same masks: a draft that leaves the close
+sequence is rejected there).
 
 A request with a grammar (`inner`) sees every token too: the grammar starts after `</think>` as
 before, so the close stops at `</think>` (the grammar's answer follows at once, as when the model
@@ -44,7 +46,7 @@ class ThinkClose:
 @dataclass
 class _State:
     phase: str
-    left: int  # reasoning tokens still allowed (the forced ones before </think> included)
+    left: int  # reasoning tokens still allowed (the forced ones through </think> included)
     queue: tuple[int, ...]  # close tokens still to write (FORCE)
 
 
@@ -63,10 +65,11 @@ class ThinkingBudget:
         return self._s.phase != ANSWER
 
     def _due(self, s: _State) -> _State:
-        """The state at the next position: the close starts once only its part before `</think>`
-        fits the tokens left (fewer than that part left: only its last tokens, none at 0)."""
-        if s.phase == REASON and s.left <= len(self.close.before):
-            before = self.close.before[len(self.close.before) - max(0, s.left) :]
+        """The state at the next position: the close starts once only its part through `</think>`
+        fits the tokens left (less room: `</think>` after the last tokens of the part before it)."""
+        if s.phase == REASON and s.left <= len(self.close.before) + 1:
+            room = max(0, s.left - 1)  # tokens of the part before </think> that fit
+            before = self.close.before[len(self.close.before) - room :]
             after = () if self.inner is not None else self.close.after
             return _State(FORCE, s.left, (*before, self.close.end, *after))
         return s
@@ -89,7 +92,7 @@ class ThinkingBudget:
             if token != s.queue[0]:
                 return None
             queue = s.queue[1:]
-            left = s.left - 1 if token != self.close.end and self.close.end in queue else s.left
+            left = s.left - 1 if self.close.end in s.queue else s.left  # through </think>: reasoning
             return _State(FORCE if queue else ANSWER, left, queue)
         if s.phase == REASON:
             if token == self.close.end:

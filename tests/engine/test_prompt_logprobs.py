@@ -82,7 +82,7 @@ def test_intake_bounds(small_model) -> None:
         for params, match in (
             (SamplingParams(max_tokens=0), "max_tokens must be >= 1"),
             (SamplingParams(max_tokens=1, prompt_logprobs=21), "prompt_logprobs"),
-            (SamplingParams(max_tokens=1, thinking_budget=-1), "thinking_budget"),
+            (SamplingParams(max_tokens=1, thinking_budget=0), "thinking_budget"),
         ):
             with pytest.raises(ValueError, match=match):
                 eng.submit(eng.reserve(), GenerationRequest("x", (1, 2, 3), params))

@@ -32,16 +32,16 @@ def _requests(budgets: list[int | None], thinking: bool = True, **params: Any) -
 
 
 def _check(tokens: list[int], budget: int) -> None:
-    """At most `budget` tokens before the first `</think>`; a close the budget forced is whole."""
+    """At most `budget` reasoning tokens, the first `</think>` included; a forced close is whole."""
     assert END in tokens, tokens
     end = tokens.index(END)
-    assert end <= budget, (budget, tokens)
-    if end == budget:  # the budget ran out (or the model closed exactly there): the close follows
-        assert budget == 0 or tokens[end - 1] == 10
+    assert end + 1 <= budget, (budget, tokens)
+    if end + 1 == budget:  # the budget ran out (or the model closed exactly there): the close
+        assert budget == 1 or tokens[end - 1] == 10
         assert tokens[end + 1] == 12
 
 
-BUDGETS = [0, 1, 3, 6, None, 2]
+BUDGETS = [1, 2, 3, 6, None, 4]
 
 
 def test_budget_closes_the_reasoning(model) -> None:
@@ -55,7 +55,7 @@ def test_budget_closes_the_reasoning(model) -> None:
         assert len(tokens) == 20 and stats.completion_tokens == 20
         if budget is not None:
             _check(tokens, budget)
-    assert out[0][0][:2] == [END, 12]  # budget 0: the close at once, without the newline
+    assert out[0][0][:2] == [END, 12]  # budget 1: the close at once, without the newline
     plain = engine(model)  # without budgets: the same tokens where no budget applied
     try:
         unlimited = run_batch(plain, [*_requests(BUDGETS[:5])[4:], *_requests([None], thinking=False)])
@@ -142,10 +142,10 @@ def _allowed(con: ThinkingBudget) -> list[int] | None:
 
 def test_grammar_inside_starts_after_the_close() -> None:
     inner = Inner()
-    con = ThinkingBudget(2, ThinkClose.split((10, 11, 12), END), inner)
+    con = ThinkingBudget(3, ThinkClose.split((10, 11, 12), END), inner)
     assert _allowed(con) is None
     con.accept(3)
-    assert _allowed(con) == [10]  # one reasoning token left: the newline before </think>
+    assert _allowed(con) == [10]  # two reasoning tokens left: the newline, then </think>
     assert con.advance(10) and _allowed(con) == [END]
     assert not con.advance(5)  # a draft off the close is refused, the state unchanged
     con.rewind()

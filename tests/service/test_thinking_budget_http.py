@@ -1,7 +1,8 @@
 """Thinking budgets over the three protocols (the demo model, whose random reasoning never ends by
 itself): Chat and Responses `thinking_budget`, Anthropic `thinking.budget_tokens`. The reasoning
-uses exactly the budget (the close the engine writes is not counted), the answer follows it, and
-usage says so; with a grammar the JSON answer starts after the closed reasoning."""
+uses exactly the budget (the "\n</think>" the engine writes at its end included, as usage counts
+the ids of the reasoning channel), the answer follows it, and usage says so; with a grammar the
+JSON answer starts after the closed reasoning."""
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def test_budget_with_a_grammar(server: Server) -> None:
 
 def test_budget_field_is_checked(server: Server) -> None:
     for path, body in (
-        ("/v1/chat/completions", {"messages": USER, "thinking_budget": -1}),
+        ("/v1/chat/completions", {"messages": USER, "thinking_budget": 0}),
         (
             "/v1/messages",
             {"messages": USER, "max_tokens": 8, "thinking": {"type": "enabled", "budget_tokens": "x"}},

@@ -332,7 +332,7 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
         sampling_params(body, max_tokens),
         logprobs=_logprobs(body),
         prompt_logprobs=f.opt_int(body, "prompt_logprobs", 0, 20),
-        thinking_budget=f.opt_int(body, "thinking_budget", 0),
+        thinking_budget=f.opt_int(body, "thinking_budget", 1),
     )
     stream = bool(f.opt_bool(body, "stream"))
     options = f.opt_dict(body, "stream_options")

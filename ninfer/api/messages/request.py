@@ -281,7 +281,7 @@ def thinking_budget(body: dict[str, Any]) -> int | None:
     thinking = f.opt_dict(body, "thinking") or {}
     if thinking.get("type") != "enabled":
         return None
-    return f.opt_int(thinking, "budget_tokens", 0, None, "thinking.budget_tokens")
+    return f.opt_int(thinking, "budget_tokens", 1, None, "thinking.budget_tokens")
 
 
 def _effort(body: dict[str, Any], ctx: ApiContext, compat: Compat) -> tuple[str | None, bool]:

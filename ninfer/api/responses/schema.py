@@ -338,7 +338,7 @@ def parse_create(body: dict[str, Any], vision: bool, compat: Compat | None = Non
         top_logprobs=top_logprobs,
         logprobs=logprobs,
         compat=compat,
-        thinking_budget=f.opt_int(body, "thinking_budget", 0),
+        thinking_budget=f.opt_int(body, "thinking_budget", 1),
     )
 
 
