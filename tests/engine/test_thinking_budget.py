@@ -157,3 +157,21 @@ def test_grammar_inside_starts_after_the_close() -> None:
     assert inner.seen == [3, 10, END]
     with pytest.raises(ValueError, match="once"):
         ThinkClose.split((10, 12), END)
+
+
+def test_server_default_budget(model) -> None:
+    """`--default-thinking-budget`: the flag sets the settings key, the composition root carries it
+    into the engine config, and a request without a budget of its own gets it."""
+    from ninfer.bootstrap import engine_config
+    from ninfer.config import load_settings
+
+    settings = load_settings(["sampling.default_thinking_budget=3"])
+    assert engine_config(settings, None, "cpu", "float32").default_thinking_budget == 3
+    assert load_settings().sampling.default_thinking_budget is None
+    eng = engine(model, **CLOSE, default_thinking_budget=3)
+    try:
+        (tokens, _, _), (own, _, _) = run_batch(eng, _requests([None, 6]))
+    finally:
+        eng.shutdown(5)
+    _check(tokens, 3)
+    _check(own, 6)
