@@ -10,6 +10,7 @@ layer rule of docs/structure.md.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -60,6 +61,8 @@ def engine_for_model(settings: Settings, model: Qwen35Model, tokenizer: Tokenize
     dtype = str(model.dtype).removeprefix("torch.")
     vocab_limit = tokenizer.vocab_size if tokenizer is not None else None
     config = engine_config(settings, None, str(model.device), dtype, vocab_limit=vocab_limit)
+    if tokenizer is not None:
+        config = replace(config, **think_close_fields(tokenizer))
     return Engine(model, config, detokenizer_factory(tokenizer) if tokenizer is not None else None)
 
 
@@ -97,6 +100,7 @@ def engine_config(
             greedy=ss.greedy,
         ),
         vocab_limit=vocab_limit,
+        default_thinking_budget=ss.default_thinking_budget,
         # "bf16" is the contract's default and means the model's own dtype (fp32 on a CPU run)
         kv_dtype="int8" if settings.kv.dtype == "int8" else None,
         **preset_fields(artifact),
@@ -151,7 +155,18 @@ def engine_parts(
     draft_head = load_spec_weights(settings.spec, artifact, model, _DTYPES[dtype], device)
     tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
     config = engine_config(settings, artifact, device, dtype, vocab_limit=tokenizer.vocab_size)
-    return model, config, detokenizer_factory(tokenizer), draft_head
+    return model, replace(config, **think_close_fields(tokenizer)), detokenizer_factory(tokenizer), draft_head
+
+
+THINK_CLOSE = "\n</think>\n\n"  # how the official templates close a turn's reasoning
+
+
+def think_close_fields(tokenizer: Tokenizer) -> dict[str, Any]:
+    """The end of thinking as the templates render it, in the tokenizer's ids (thinking budgets)."""
+    return {
+        "think_close": tuple(tokenizer.encode(THINK_CLOSE)),
+        "think_end_id": tokenizer.token_to_id("</think>"),
+    }
 
 
 def load_spec_weights(

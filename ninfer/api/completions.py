@@ -2,11 +2,12 @@
 
 One prompt per request (a string, token ids, or a one-element array of either); `max_tokens`,
 `stop`, `echo`, `stream` (with `stream_options.include_usage`) and `logprobs` (0..20 alternatives
-per generated token, in the legacy shape: tokens, token_logprobs, top_logprobs, text_offset) work.
-The engine computes logprobs for generated tokens only, never for the prompt, so `echo` together
-with `logprobs` (the prompt-scoring request of loglikelihood evaluations) is a 400 rather than an
-answer with invented numbers. Generation runs with thinking off and no tool parsing: the visible
-text is returned as is.
+per token, in the legacy shape: tokens, token_logprobs, top_logprobs, text_offset) work. `echo`
+with `logprobs` (the prompt-scoring request of loglikelihood evaluations) puts the prompt's tokens
+first, with the model's logprob of each given the tokens before it (null for the first), computed
+from the prefill; `max_tokens` may then be 0 (scoring only). The `prompt_logprobs` extension (0..20
+alternatives) returns the same prompt entries in the Chat entry shape as `choices[0].prompt_logprobs`.
+Generation runs with thinking off and no tool parsing: the visible text is returned as is.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ LOGPROBS_MAX = 20  # alternatives per token (the engine's bound; OpenAI's legacy
 KNOWN = (
     "model", "prompt", "max_tokens", "stop", "echo", "logprobs", "stream", "stream_options",
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed", "n",
-    "best_of", "suffix", "user",
+    "best_of", "suffix", "user", "prompt_logprobs",
 )  # fmt: skip
 
 
@@ -71,12 +72,8 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> tuple[GenerationJob, str, st
     ctx.check_model(model)
     logprobs = _logprobs(body)
     echo = bool(f.opt_bool(body, "echo"))
-    if echo and logprobs is not None:
-        raise unsupported(
-            "echo",
-            "echo with logprobs asks for the prompt tokens' logprobs, which the engine does not compute "
-            "(loglikelihood scoring is not supported); logprobs of generated tokens work without echo",
-        )
+    scoring = (f.opt_int(body, "prompt_logprobs", 0, LOGPROBS_MAX), logprobs if echo else None)
+    prompt_top = max((n for n in scoring if n is not None), default=None)
     for key in ("n", "best_of"):
         if f.opt_int(body, key, 1) not in (None, 1):
             raise unsupported(key, f"{key} must be 1: one completion per request")
@@ -85,7 +82,12 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> tuple[GenerationJob, str, st
     if body.get("prompt") is None:
         raise invalid("prompt", "missing required parameter: 'prompt'", "missing_required_parameter")
     ids, text = prompt_ids(body["prompt"], ctx.tokenizer())
-    max_tokens = f.opt_int(body, "max_tokens", 1)
+    max_tokens = f.opt_int(body, "max_tokens", 0)
+    if max_tokens == 0 and prompt_top is None:
+        raise invalid(
+            "max_tokens",
+            "max_tokens must be >= 1 unless the prompt is scored (echo with logprobs, or prompt_logprobs)",
+        )
     stream = bool(f.opt_bool(body, "stream"))
     options = f.opt_dict(body, "stream_options")
     if options is not None and not stream:
@@ -96,10 +98,21 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> tuple[GenerationJob, str, st
         protocol="completions",
         conversation=Conversation(messages=[]),
         controls=RequestOptions(),
-        params=replace(sampling_params(body, max_tokens), logprobs=logprobs),
+        params=replace(
+            sampling_params(body, max_tokens),
+            max_tokens=1 if max_tokens is None else max_tokens,  # 0: score the prompt only
+            logprobs=logprobs,
+            prompt_logprobs=prompt_top,
+        ),
         max_tokens_given=max_tokens is not None,
         stream=stream,
-        shape={"prompt_tokens_given": len(ids), "stream": stream, "echo": echo, "tools": 0},
+        shape={
+            "prompt_tokens_given": len(ids),
+            "stream": stream,
+            "echo": echo,
+            "tools": 0,
+            "prompt_logprobs": scoring[0] is not None,
+        },
         raw_prompt=ids,
     )
     return job, model, text if echo else "", include_usage
@@ -126,6 +139,29 @@ def legacy_logprobs(entries: Sequence[dict[str, Any]], offset: int = 0) -> dict[
     return out
 
 
+def echo_logprobs(prompt: Sequence[dict[str, Any] | None], first: str, top: int) -> dict[str, list[Any]]:
+    """The prompt's entries (None for the first token, whose text is `first`) in the legacy
+    shape, `top` alternatives each, offsets from the start of the echoed text."""
+    out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    offset = 0
+    for i, entry in enumerate(prompt):
+        if entry is None:  # the first token: nothing precedes it (its text still counts)
+            out["tokens"].append(first)
+            out["token_logprobs"].append(None)
+            out["top_logprobs"].append(None)
+        else:
+            out["tokens"].append(entry["token"])
+            out["token_logprobs"].append(entry["logprob"])
+            out["top_logprobs"].append({t["token"]: t["logprob"] for t in entry["top_logprobs"][:top]})
+        out["text_offset"].append(offset)
+        offset += len(out["tokens"][i])
+    return out
+
+
+def _joined(first: dict[str, list[Any]], then: dict[str, list[Any]] | None) -> dict[str, list[Any]]:
+    return first if then is None else {k: first[k] + then[k] for k in first}
+
+
 def _usage(done: Finished) -> dict[str, int]:
     u = done.usage
     return {
@@ -139,16 +175,24 @@ def _finish(done: Finished) -> str:
     return "length" if done.finish == "length" else "stop"
 
 
-def _stream(gen: Generation, head: dict[str, Any], echo: str, include_usage: bool) -> Iterator[bytes]:
-    def chunk(text: str, finish: str | None = None, logprobs: dict[str, Any] | None = None) -> bytes:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
+def _stream(
+    gen: Generation, head: dict[str, Any], echo: str, include_usage: bool, first: str
+) -> Iterator[bytes]:
+    def chunk(
+        text: str,
+        finish: str | None = None,
+        logprobs: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> bytes:
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs, **(extra or {})}
         body = {**head, "choices": [choice]}
         return sse.frame({**body, "usage": None} if include_usage else body)
 
     def frames() -> Iterator[bytes]:
-        offset = len(echo)  # echo never comes with logprobs (refused), so offsets start after it
-        if echo:
-            yield chunk(echo)
+        offset = len(echo)  # generated tokens' offsets count from the end of the echoed prompt
+        echoed, scored = _prompt_parts(gen, first)
+        if echo or scored is not None:
+            yield chunk(echo, logprobs=echoed, extra=scored)
         for event in gen.events():
             if isinstance(event, LogprobsDelta):  # a step's tokens, before that step's text
                 yield chunk("", logprobs=legacy_logprobs(event.entries, offset))
@@ -156,6 +200,8 @@ def _stream(gen: Generation, head: dict[str, Any], echo: str, include_usage: boo
             elif isinstance(event, TextDelta):
                 yield chunk(event.text)
             elif isinstance(event, Finished):
+                if echoed is not None and event.stop_logprob is not None:  # scoring: the stop token too
+                    yield chunk("", logprobs=legacy_logprobs([event.stop_logprob], offset))
                 yield chunk("", _finish(event))
                 if include_usage:
                     yield sse.frame({**head, "choices": [], "usage": _usage(event)})
@@ -178,10 +224,12 @@ class CompletionsResource:
             "model": self.ctx.model_id or model,
         }
         resp.set_header("x-request-id", str(gen.request_id))
+        assert job.raw_prompt is not None
+        first = self.ctx.tokenizer().token_bytes(job.raw_prompt[0]).decode("utf-8", "replace")
         if job.stream:
             resp.content_type = sse.CONTENT_TYPE
             resp.set_headers(sse.headers())
-            resp.stream = _stream(gen, head, echo, include_usage)
+            resp.stream = _stream(gen, head, echo, include_usage, first)
             return
         try:
             done = gen.collect()
@@ -189,8 +237,34 @@ class CompletionsResource:
             gen.close()
         text = echo + "".join(p for p in (done.reasoning, done.content) if p)
         logprobs = None if done.logprobs is None else legacy_logprobs(done.logprobs, len(echo))
-        choice = {"index": 0, "text": text, "finish_reason": _finish(done), "logprobs": logprobs}
+        echoed, scored = _prompt_parts(gen, first)
+        if echoed is not None:  # the prompt's tokens first, then every generated one (a stop token too)
+            entries = [*(done.logprobs or ()), *([done.stop_logprob] if done.stop_logprob else [])]
+            logprobs = _joined(echoed, legacy_logprobs(entries, len(echo)))
+        choice = {
+            "index": 0,
+            "text": text,
+            "finish_reason": _finish(done),
+            "logprobs": logprobs,
+            **(scored or {}),
+        }
         resp.media = {**head, "choices": [choice], "usage": _usage(done)}
+
+
+def _prompt_parts(gen: Generation, first: str) -> tuple[dict[str, list[Any]] | None, dict[str, Any] | None]:
+    """The echoed prompt's legacy logprobs (echo with logprobs) and the `prompt_logprobs` field
+    (the extension), each None when not asked for."""
+    scored = gen.prompt_logprobs
+    if scored is None:
+        return None, None
+    params = gen.job.params
+    echoed = (
+        echo_logprobs(scored, first, params.logprobs or 0)
+        if gen.job.shape.get("echo") and params.logprobs is not None
+        else None
+    )
+    extension = {"prompt_logprobs": list(scored)} if gen.job.shape.get("prompt_logprobs") else None
+    return echoed, extension
 
 
 def routes(ctx: ApiContext) -> list[tuple[str, object]]:

@@ -70,6 +70,10 @@ class Finished:
     stop_string: str | None = None
     # with logprobs requested: one entry per generated token (a stop token excluded), in order
     logprobs: tuple[dict[str, Any], ...] | None = None
+    # with logprobs requested, a stop token ended the answer: its entry (not among `logprobs`)
+    stop_logprob: dict[str, Any] | None = None
+    # with prompt logprobs requested: one entry per prompt token (the same shape), None for the first
+    prompt_logprobs: tuple[dict[str, Any] | None, ...] | None = None
 
 
 @dataclass(frozen=True)

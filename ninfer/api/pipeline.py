@@ -20,6 +20,7 @@ from ninfer.engine.api import (
     QueueTimeout,
     RequestStats,
     StepOutput,
+    TokenLogprob,
 )
 from ninfer.engine.grammar import GrammarError, GrammarUnavailable
 from ninfer.engine.tickets import Ticket
@@ -224,11 +225,17 @@ class Generation:
         self._engine_finish: str | None = None
         self._closed = False
         self._logprobs: list[dict[str, Any]] = []
+        # with prompt logprobs requested: set by `prime` (the engine sends them on the first output)
+        self.prompt_logprobs: tuple[dict[str, Any] | None, ...] | None = None
+        self._stop_lp: dict[str, Any] | None = None  # the entry of the stop token that ended the answer
 
     def prime(self) -> None:
         """Wait for the first output; on failure close the request and raise its HTTP error."""
         try:
             self._first = self._next()
+            scored = self._first.prompt_logprobs
+            if scored is not None:
+                self.prompt_logprobs = tuple(None if lp is None else self._lp_entry(lp) for lp in scored)
         except StopIteration:
             self._first = StepOutput((), "error", error="engine ended the request without output")
         except ClientDisconnected:
@@ -288,6 +295,9 @@ class Generation:
             self._completion_ids.extend(out.token_ids)  # every accepted id, a stop token included
             if out.finish_reason not in ("cancelled", "error"):  # those carry no visible text
                 if out.logprobs:
+                    self._stop_lp = next(
+                        (self._lp_entry(lp) for lp in out.logprobs if lp.token_id == out.stop_token_id), None
+                    )
                     entries = self._logprob_entries(out)
                     if entries:
                         self._logprobs.extend(entries)
@@ -312,17 +322,17 @@ class Generation:
 
     def _logprob_entries(self, out: StepOutput) -> tuple[dict[str, Any], ...]:
         """OpenAI-shaped logprob entries of a step's tokens (a stop token's is not shown)."""
+        return tuple(self._lp_entry(lp) for lp in out.logprobs or () if lp.token_id != out.stop_token_id)
+
+    def _lp_entry(self, lp: TokenLogprob) -> dict[str, Any]:
+        """One token's OpenAI-shaped entry: {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}."""
         tok = getattr(self._pipeline.prompts, "tokenizer", None)
 
         def entry(token_id: int, logprob: float) -> dict[str, Any]:
             raw = tok.token_bytes(token_id) if tok is not None else b""
             return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
 
-        return tuple(
-            {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
-            for lp in out.logprobs or ()
-            if lp.token_id != out.stop_token_id
-        )
+        return {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
 
     def _final(self, finish: StepOutput, parse: ParseResult) -> Finished:
         calls = tuple(parse.tool_calls)
@@ -345,6 +355,8 @@ class Generation:
             tool_calls=calls,
             stop_string=finish.stop_string,
             logprobs=tuple(self._logprobs) if self.job.params.logprobs is not None else None,
+            stop_logprob=self._stop_lp,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
     @property

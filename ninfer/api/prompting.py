@@ -38,16 +38,29 @@ class FrontendDecoder:
     never sees withheld text and there is no second stop filter here.
     """
 
-    def __init__(self, thinking: bool, tools: list[Tool]) -> None:
+    def __init__(self, thinking: bool, tools: list[Tool], think_end: int | None = None) -> None:
         self._parser = fp.OutputParser(thinking=thinking, tools=tools)
         self._reasoning_tokens = 0
+        # reasoning tokens: the ids accepted in the reasoning channel, the end of thinking
+        # (`think_end`) included, counted id by id (a speculative step may hold both channels);
+        # without its id, the ids of the steps that began in the reasoning channel
+        self._think_end = think_end
+        self._thinking = thinking
 
     def feed(self, step: StepOutput) -> list[fp.Event]:
         if step.text is None:
             raise RuntimeError("the engine produced no visible text (it was built without a tokenizer)")
-        shown = sum(1 for t in step.token_ids if t != step.stop_token_id)
-        if self._parser.in_reasoning:  # ids accepted while in the reasoning channel
-            self._reasoning_tokens += shown
+        if self._think_end is None:
+            if self._parser.in_reasoning:  # ids accepted while in the reasoning channel
+                self._reasoning_tokens += sum(1 for t in step.token_ids if t != step.stop_token_id)
+        else:
+            for t in step.token_ids:
+                if not self._thinking:
+                    break
+                if t != step.stop_token_id:
+                    self._reasoning_tokens += 1
+                if t == self._think_end:
+                    self._thinking = False
         return self._parser.feed_text(step.text) if step.text else []
 
     def finish(self) -> tuple[list[fp.Event], fp.ParseResult]:
@@ -131,4 +144,4 @@ class FrontendPrompts:
         )
 
     def decoder(self, prepared: Prepared, tools: list[Tool]) -> FrontendDecoder:
-        return FrontendDecoder(prepared.thinking, tools)
+        return FrontendDecoder(prepared.thinking, tools, self.tokenizer.token_to_id("</think>"))

@@ -270,6 +270,12 @@ class SamplingSettings(BaseSettings):
         False, description="disable thinking by default", json_schema_extra=cli(shown="thinking on")
     )
     preserve_thinking: bool = Field(False, description="preserve closed-turn assistant reasoning by default")
+    default_thinking_budget: Int | None = Field(
+        None,
+        ge=1,
+        description="reasoning tokens a thinking request may use when it sets no budget of its own",
+        json_schema_extra=cli(shown="unlimited"),
+    )
 
 
 class LoggingSettings(BaseSettings):

@@ -61,8 +61,11 @@ FLAG_NAMES: dict[str, str] = {
 }
 # flags beyond the serving contract's option table
 EXTRA_KEYS = frozenset(
-    {"engine.dtype", "logging.level", "server.client_compat", "server.metrics_open", "cold_tier.host_mib"}
-)
+    {
+        "engine.dtype", "logging.level", "server.client_compat", "server.metrics_open", "cold_tier.host_mib",
+        "sampling.default_thinking_budget",
+    }
+)  # fmt: skip
 
 
 def _leaf_types(annotation: Any) -> list[Any]:

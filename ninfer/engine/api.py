@@ -41,6 +41,13 @@ class SamplingParams:
     ignore_eos: bool = False
     # Log-probabilities of each sampled token and of this many top alternatives (0..20); None = off.
     logprobs: int | None = None
+    # Log-probabilities of every prompt token after the first (the model's raw log-softmax at the
+    # position before it) and of this many top alternatives (0..20); None = off. Such a request
+    # prefills its whole prompt (no prefix reuse) and may ask for max_tokens = 0 (scoring only).
+    prompt_logprobs: int | None = None
+    # Reasoning tokens allowed before the engine closes the thinking with the template's own
+    # end-of-thinking tokens (thinking requests only); None = unlimited.
+    thinking_budget: int | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,9 @@ class StepOutput:
     text: str | None = None
     # With `SamplingParams.logprobs`: one entry per token of `token_ids`.
     logprobs: tuple[TokenLogprob, ...] | None = None
+    # With `SamplingParams.prompt_logprobs`, on the request's first output only: one entry per
+    # prompt token, None for the first (nothing precedes it).
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,20 @@ class Committer:
             seq.stats.vision_s += result.vision_seconds
             if seq.phase == DECODE:
                 self.retirer.drop_media(seq)  # the prompt is in the cache: its payloads are not needed
+            if result.prompt_logprobs is not None:
+                seq.prompt_lps.extend(result.prompt_logprobs)
+            scored = None
+            if seq.phase == DECODE and plan.prompt_logprobs is not None:
+                scored = tuple(seq.prompt_lps)
             i = first.get(plan.seq_id)
             if i is not None:
                 seq.t_first = now
-                self.token(seq, result.tokens[i], now, lp=result.logprobs[i] if result.logprobs else None)
+                lp = result.logprobs[i] if result.logprobs else None
+                self.token(seq, result.tokens[i], now, lp=lp, prompt_lps=scored)
+            elif seq.phase == DECODE and seq.entitlement == 0:  # scoring only: no token is generated
+                seq.t_first = now
+                out = StepOutput(token_ids=(), finish_reason="length", text="", prompt_logprobs=scored)
+                self.retirer.end(seq, out, keep=False)
         self.counters.add(prefill_tokens=sum(len(p.tokens) for p in plans), prefill_seconds=result.seconds)
 
     def decode(self, plan: DecodePlan, result: StepResult, now: float, ahead: bool = False) -> None:
@@ -93,9 +103,16 @@ class Committer:
         )
 
     def token(
-        self, seq: Seq, token: int, now: float, ahead: bool = False, lp: TokenLogprob | None = None
+        self,
+        seq: Seq,
+        token: int,
+        now: float,
+        ahead: bool = False,
+        lp: TokenLogprob | None = None,
+        prompt_lps: tuple[TokenLogprob | None, ...] | None = None,
     ) -> bool:
-        """Commit one token; True when it finished the request (`ahead`: see `decode`)."""
+        """Commit one token; True when it finished the request (`ahead`: see `decode`;
+        `prompt_lps`: the prompt logprobs, on the first token)."""
         self.scheduler.commit(seq, token)
         try:
             text, hit = seq.stops.push(token)
@@ -117,6 +134,7 @@ class Committer:
             stop_token_id=hit.token_id if hit is not None else None,
             text=text,
             logprobs=None if lp is None else (lp,),
+            prompt_logprobs=prompt_lps,
         )
         if finish is None:
             self.outbox.put(self.handles[seq.id], out)

@@ -32,6 +32,12 @@ class EngineConfig:
     thinking_preset: Mapping[str, float | int] | None = None
     non_thinking_preset: Mapping[str, float | int] | None = None
     stop_token_ids: tuple[int, ...] | None = None  # None = the model config's eos ids
+    # Thinking budgets: the default for requests that set none (None: unlimited), and the template's
+    # end of thinking as token ids ("\n</think>\n\n") with the `</think>` id (empty: no tokenizer,
+    # budgets refused)
+    default_thinking_budget: int | None = None
+    think_close: tuple[int, ...] = ()
+    think_end_id: int | None = None
     # Ids at or above this are never sampled: the embedding table is padded past the tokenizer's
     # vocabulary (248320 rows for 248077 ids). None = every row of the lm_head.
     vocab_limit: int | None = None

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 
 from ninfer.engine.api import ContextLengthExceeded, GenerationRequest, QueueTimeout, RequestStats
 from ninfer.engine.config import EngineConfig
-from ninfer.engine.sampler import ResolvedSampling, TokenConstraint, resolve_sampling
+from ninfer.engine.sampler import DraftConstraint, ResolvedSampling, TokenConstraint, resolve_sampling
 from ninfer.engine.speculative import counters as spec_counters
 from ninfer.engine.stops import Detokenizer
+from ninfer.engine.thinking_budget import ThinkClose, ThinkingBudget
 from ninfer.engine.tickets import Ticket
 
 if TYPE_CHECKING:
@@ -64,10 +65,16 @@ def prepare(
         raise ContextLengthExceeded(len(prompt), ctx)
     params = request.params
     max_tokens = config.default_max_tokens if params.max_tokens is None else params.max_tokens
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    if params.logprobs is not None and not 0 <= params.logprobs <= 20:
-        raise ValueError(f"logprobs must be in [0, 20], got {params.logprobs}")
+    scoring = params.prompt_logprobs is not None
+    if max_tokens < (0 if scoring else 1):
+        raise ValueError(f"max_tokens must be >= {0 if scoring else 1}, got {max_tokens}")
+    for name, value in (("logprobs", params.logprobs), ("prompt_logprobs", params.prompt_logprobs)):
+        if value is not None and not 0 <= value <= 20:
+            raise ValueError(f"{name} must be in [0, 20], got {value}")
+    if scoring and mm is not None:
+        raise ValueError("prompt_logprobs are not computed for prompts with media")
+    if params.thinking_budget is not None and params.thinking_budget < 1:
+        raise ValueError(f"thinking_budget must be >= 1 (</think> counts), got {params.thinking_budget}")
     preset = config.thinking_preset if request.thinking else config.non_thinking_preset
     resolved = resolve_sampling(params, preset, config.sampling)
     stop_ids = frozenset(params.stop_token_ids) if params.stop_token_ids is not None else default_stop_ids
@@ -78,11 +85,14 @@ def prepare(
     if spec is not None:
         stats.speculative = spec_counters.new_counters(spec.backend, spec.k)
     entitlement = min(max_tokens, ctx - len(prompt))
-    constraint = None
+    constraint: TokenConstraint | None = None
     if request.constraint is not None:
         if grammars is None:
             raise ValueError("constrained output needs an engine with a tokenizer")
         constraint = grammars.constraint(request.constraint, request.thinking, entitlement)
+    budget = params.thinking_budget if params.thinking_budget is not None else config.default_thinking_budget
+    if request.thinking and budget is not None:
+        constraint = thinking_budget(budget, config, constraint)
     return Intake(
         entitlement=entitlement,
         sampling=resolved,
@@ -91,3 +101,12 @@ def prepare(
         stats=stats,
         constraint=constraint,
     )
+
+
+def thinking_budget(budget: int, config: EngineConfig, inner: TokenConstraint | None) -> ThinkingBudget:
+    """The budget's mask around the request's grammar (if any); refused without the close tokens."""
+    if not config.think_close or config.think_end_id is None:
+        raise ValueError("a thinking budget needs an engine with a tokenizer (the end-of-thinking tokens)")
+    if inner is not None and not isinstance(inner, DraftConstraint):
+        raise TypeError(f"{type(inner).__name__} cannot carry a thinking budget")
+    return ThinkingBudget(budget, ThinkClose.split(config.think_close, config.think_end_id), inner)

@@ -35,6 +35,10 @@ class PrefillPlan:
     sampler: RowSampler | None = None  # set on the prompt's last chunk: sample the first token
     multimodal: MultimodalPrompt | None = None  # the request's media: chunk embeddings and positions
     graph: bool = True  # False: the eager forward even where a captured bucket fits (warm-up)
+    # prompt logprobs (top alternatives; None = off): the chunk's positions score `targets`, the
+    # prompt tokens that follow each of them (one fewer than `tokens` on the prompt's last chunk)
+    prompt_logprobs: int | None = None
+    targets: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -78,3 +82,4 @@ class StepResult:
     # speculative decode rounds: per-row runs of tokens to commit, and the state fix-up to call
     spec: SpecRound | None = None
     logprobs: list[TokenLogprob | None] | None = None  # per row, for rows that asked for logprobs
+    prompt_logprobs: list[TokenLogprob] | None = None  # a prompt-scoring chunk's, one per target

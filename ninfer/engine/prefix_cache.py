@@ -82,17 +82,27 @@ class PrefixCache:
 
     # ----- admission -----
     def admit(
-        self, seq_id: int, prompt: Sequence[int], need_pages: int, media: Sequence[SpanKey] = ()
+        self,
+        seq_id: int,
+        prompt: Sequence[int],
+        need_pages: int,
+        media: Sequence[SpanKey] = (),
+        reuse: bool = True,
     ) -> Admission | None:
-        """Grant a lane plus `need_pages` pages in total, or None (nothing is changed)."""
+        """Grant a lane plus `need_pages` pages in total, or None (nothing is changed); `reuse`
+        False: the prompt is computed from its start whatever matches."""
         idle = self.idle_lanes()
         if not idle:
             return None
         any_resident = bool(self.residents())  # before a restore parks one: still a full reset
-        restored = self._from_tier(seq_id, prompt, need_pages, media) if self.tier is not None else None
+        restored = (
+            self._from_tier(seq_id, prompt, need_pages, media) if reuse and self.tier is not None else None
+        )
         # a restored image beats every resident: the request takes its lane
         match = (
-            match_lane(restored, prompt, media) if restored is not None else self.best_match(prompt, media)
+            (match_lane(restored, prompt, media) if restored is not None else self.best_match(prompt, media))
+            if reuse
+            else None
         )
         if match is not None:
             lane = match.lane

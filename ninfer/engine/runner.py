@@ -13,6 +13,7 @@ import torch
 from ninfer.engine.graphs import CaptureBackend, GraphStats, InstallCut, StepFn, StepGraphs, default_capture
 from ninfer.engine.pages import pages_for
 from ninfer.engine.plan import DecodePlan, PrefillBatch, PrefillPlan, SlotOp, StepPlan, StepResult
+from ninfer.engine.prompt_logprobs import score_positions
 from ninfer.engine.sampler import LogprobRows, check_drawn, sample_rows_full, sample_with_logprobs
 from ninfer.engine.step_io import StepOut, StepRows, host_buffer, pack, pack_rows, packed_len, unpack
 from ninfer.model.cache import ForwardBatch, KVPool, StatePool
@@ -373,7 +374,7 @@ class Runner:
 
     def _bucket(self, plan: PrefillPlan) -> int | None:
         """The captured prefill graph a chunk fits (text only, its pages covering the padding)."""
-        if plan.multimodal is not None or not plan.graph:
+        if plan.multimodal is not None or not plan.graph or plan.prompt_logprobs is not None:
             return None
         return self.prefill_bucket([(len(plan.tokens), plan.start, len(plan.pages))])
 
@@ -428,10 +429,14 @@ class Runner:
             rope = batch.positions[:, 0]  # [3, q] (multimodal prompts: the T/H/W streams)
             self.spec.after_prefill(plan.slot, plan.start, plan.tokens, hidden[0], rope, plan.pages)
         self._slot_ops(plan.ops_after)
+        scored = None
+        if plan.prompt_logprobs is not None:
+            scored = score_positions(self._logits, hidden[0], plan.targets, plan.prompt_logprobs)
         if plan.sampler is None:
-            return StepResult(seq_ids=[], tokens=[], vision_seconds=vision_s)
+            return StepResult(seq_ids=[], tokens=[], vision_seconds=vision_s, prompt_logprobs=scored)
         result = _first_tokens([plan], self._logits(hidden[:, -1]))  # [1, V] float32
         result.vision_seconds = vision_s
+        result.prompt_logprobs = scored
         return result
 
 

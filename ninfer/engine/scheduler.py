@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ninfer.engine.api import GenerationRequest, RequestStats
+from ninfer.engine.api import GenerationRequest, RequestStats, TokenLogprob
 from ninfer.engine.pages import pages_for
 from ninfer.engine.plan import DecodePlan, DecodeRow, PrefillBatch, PrefillPlan, SlotOp, StepPlan
 from ninfer.engine.prefix_cache import PrefixCache
@@ -37,6 +37,8 @@ class Seq:
     generated: list[int] = field(default_factory=list)
     captures: dict[int, list[str]] = field(default_factory=dict)  # position -> checkpoint kinds
     pending_ops: list[SlotOp] = field(default_factory=list)  # slot ops before the first chunk
+    # a scoring request's prompt logprobs so far (None for the first prompt token)
+    prompt_lps: list[TokenLogprob | None] = field(default_factory=lambda: [None])
     t_admit: float = 0.0
     t_first: float = 0.0
     compiles_at_submit: int = 0  # jit_watch.count() when submitted (RequestStats.compilations)
@@ -101,7 +103,10 @@ class Scheduler:
             if not seq.claim():  # the caller timed it out already; its cancel removes it
                 break
             mm = seq.request.multimodal
-            adm = self.cache.admit(seq.id, seq.prompt, seq.need_pages, mm.keys() if mm is not None else ())
+            media = mm.keys() if mm is not None else ()
+            # scoring the prompt needs every position's logits: no prefix is reused
+            reuse = seq.request.params.prompt_logprobs is None
+            adm = self.cache.admit(seq.id, seq.prompt, seq.need_pages, media, reuse=reuse)
             if adm is None:
                 seq.unclaim()
                 break
@@ -178,7 +183,7 @@ class Scheduler:
         chunk a captured prefill graph takes as one graph takes together (text chunks, each padded
         to one bucket; graphs exist for some row counts); the bucket, or None for the first alone."""
         fit = self.prefill_fit
-        if fit is None or len(pre) < 2 or pre[0].request.multimodal is not None:
+        if fit is None or len(pre) < 2 or not _graphable(pre[0]):
             return pre[:1], None
         shapes = [self._chunk_shape(pre[0])]
         if fit(shapes) is None:
@@ -186,7 +191,7 @@ class Scheduler:
         group = [pre[0]]
         for seq in pre[1:]:
             shape = self._chunk_shape(seq)
-            if seq.request.multimodal is None and fit([shape]) is not None:
+            if _graphable(seq) and fit([shape]) is not None:
                 group.append(seq)
                 shapes.append(shape)
         for n in range(len(group), 1, -1):
@@ -217,6 +222,8 @@ class Scheduler:
             SlotOp(dst=lane.checkpoint_slots[k], src=lane.live_slot) for k in seq.captures.get(end, [])
         ]
         ops_before, seq.pending_ops = seq.pending_ops, []
+        last = end == len(seq.prompt)
+        scoring = seq.request.params.prompt_logprobs
         return PrefillPlan(
             seq_id=seq.id,
             tokens=list(seq.prompt[start:end]),
@@ -225,8 +232,10 @@ class Scheduler:
             pages=lane.pages,
             ops_before=ops_before,
             ops_after=ops_after,
-            sampler=seq.sampler if end == len(seq.prompt) else None,
+            sampler=seq.sampler if last and seq.entitlement > 0 else None,
             multimodal=seq.request.multimodal,
+            prompt_logprobs=scoring,
+            targets=list(seq.prompt[start + 1 : end + 1]) if scoring is not None else [],
         )
 
     def _decode_row(self, seq: Seq) -> DecodeRow:
@@ -292,3 +301,9 @@ class Scheduler:
             resident_lanes=len(self.cache.residents()),
             resident_pages=sum(len(ln.pages) for ln in self.cache.residents()),
         )
+
+
+def _graphable(seq: Seq) -> bool:
+    """Whether a request's chunks may run in a captured prefill graph: text, not scored (a
+    scored chunk reads every position's logits, on the eager path)."""
+    return seq.request.multimodal is None and seq.request.params.prompt_logprobs is None

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from ninfer.engine.api import SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.graphs import EagerCapture
@@ -143,7 +144,9 @@ def test_prefill_graph_shapes_and_grouping() -> None:
     @dataclass
     class FakeSeq:
         n: int  # the next chunk's tokens
-        request: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(multimodal=None))
+        request: SimpleNamespace = field(
+            default_factory=lambda: SimpleNamespace(multimodal=None, params=SamplingParams())
+        )
 
     seqs = [FakeSeq(n) for n in (5, 40, 9, 12, 3)]  # the 40-token chunk fits no graph
     sched._chunk_shape = lambda s: (s.n, 0, 4)  # type: ignore[method-assign]

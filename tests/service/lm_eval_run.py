@@ -1,10 +1,17 @@
-"""Run lm-eval on the tiny local task through `local-completions` and `local-chat-completions`.
+"""Run lm-eval on the tiny local tasks against the server.
 
 `python tests/service/lm_eval_run.py SERVER_URL MODEL LIMIT` evaluates `data/lm_eval/ninfer_tiny`
-(generate_until, a local jsonl) against the server with lm-eval's own API model classes, one after
-the other in this one process (lm-eval's import is the slow part), and prints one JSON line:
-`{model class: {"samples": n, "exact_match": x}}`. The API key is lm-eval's `OPENAI_API_KEY`.
-Run by `test_lm_eval.py` in a subprocess with the Hugging Face hubs offline.
+(generate_until, a local jsonl) with lm-eval's own API model classes `local-completions` and
+`local-chat-completions`, one after the other in this one process (lm-eval's import is the slow
+part), and prints one JSON line: `{model class: {"samples": n, "exact_match": x}}`.
+
+`... SERVER_URL MODEL LIMIT TOKENIZER_DIR` evaluates `data/lm_eval/ninfer_tiny_mc` (multiple
+choice: loglikelihood requests, echo + logprobs over token-id prompts) with `local-completions`
+and the Hugging Face tokenizer in TOKENIZER_DIR, and prints `{"samples": n, "acc": x, "scored":
+[[context, continuation, loglikelihood, is_greedy], ...]}`.
+
+The API key is lm-eval's `OPENAI_API_KEY`. Run by `test_lm_eval.py` in a subprocess with the
+Hugging Face hubs offline.
 """
 
 from __future__ import annotations
@@ -20,10 +27,11 @@ from lm_eval.tasks import TaskManager
 
 TASK_DIR = Path(__file__).resolve().parent / "data" / "lm_eval"
 TASK = "ninfer_tiny"
+MC_TASK = "ninfer_tiny_mc"
 
 
-def task_config() -> dict[str, Any]:
-    config = yaml.safe_load((TASK_DIR / f"{TASK}.yaml").read_text())
+def task_config(task: str = TASK) -> dict[str, Any]:
+    config = yaml.safe_load((TASK_DIR / f"{task}.yaml").read_text())
     files = config["dataset_kwargs"]["data_files"]
     files["test"] = str(TASK_DIR / files["test"])
     return config
@@ -63,5 +71,36 @@ def main(url: str, model: str, limit: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def loglikelihood(url: str, model: str, limit: int, tokenizer: str) -> dict[str, Any]:
+    """The multiple-choice task through `local-completions` with token-id prompts: every choice
+    is one echo + logprobs request (lm-eval sums the continuation's prompt logprobs)."""
+    args = model_args(url, model, chat=False)
+    args |= {"tokenizer_backend": "huggingface", "tokenizer": tokenizer, "tokenized_requests": True}
+    manager = TaskManager(include_path=str(TASK_DIR), include_defaults=False)
+    results = simple_evaluate(
+        model="local-completions",
+        model_args=args,
+        tasks=[task_config(MC_TASK)],
+        limit=limit,
+        task_manager=manager,
+        bootstrap_iters=0,
+        log_samples=True,
+    )
+    assert results is not None
+    scored = [
+        [*sample["arguments"][i], *resp[0]]
+        for sample in results["samples"][MC_TASK]
+        for i, resp in enumerate(sample["resps"])
+    ]
+    return {
+        "samples": results["n-samples"][MC_TASK]["effective"],
+        "acc": results["results"][MC_TASK]["acc,none"],
+        "scored": scored,
+    }
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2], int(sys.argv[3]))))
+    if len(sys.argv) > 4:
+        print(json.dumps(loglikelihood(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])))
+    else:
+        print(json.dumps(main(sys.argv[1], sys.argv[2], int(sys.argv[3]))))

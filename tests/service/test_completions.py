@@ -80,10 +80,12 @@ def test_completion_logprobs_whole_and_streamed(compat_server: Server) -> None:
 
 
 def test_completion_refusals(compat_server: Server) -> None:
-    body = {"model": MODEL, "prompt": "x", "logprobs": 1, "echo": True}
+    # echo with logprobs scores the prompt (test_prompt_logprobs_http.py); its alternatives are bounded too
+    body = {"model": MODEL, "prompt": "x", "logprobs": 21, "echo": True}
     r = _post(compat_server, "/v1/completions", body)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
-    assert "prompt tokens' logprobs" in r.json()["error"]["message"]
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+    r = _post(compat_server, "/v1/completions", {"model": MODEL, "prompt": "x", "prompt_logprobs": 21})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
     r = _post(compat_server, "/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 21})
     assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
     r = _post(compat_server, "/v1/completions", {"model": MODEL, "prompt": ["a", "b"]})

@@ -191,3 +191,10 @@ def test_every_default_lives_in_the_models_and_conf_holds_only_presets() -> None
         for field, info in model.model_fields.items():
             value = getattr(getattr(composed, name), field)
             assert value == info.default, f"{name}.{field}"
+
+
+def test_default_thinking_budget_flag(capsys) -> None:
+    code, out, _ = check(["--default-thinking-budget", "256"], capsys)
+    assert code == 0 and json.loads(out)["sampling"]["default_thinking_budget"] == 256
+    code, out, err = check(["--default-thinking-budget=0"], capsys)
+    assert code == 2 and "--default-thinking-budget=0 (sampling.default_thinking_budget): must be" in err

@@ -41,6 +41,7 @@ KNOWN = {
     "presence_penalty", "frequency_penalty", "seed", "stop", "stream", "stream_options", "tools",
     "tool_choice", "parallel_tool_calls", "reasoning_effort", "enable_thinking", "chat_template_kwargs",
     "preserve_thinking", "n", "user", "logprobs", "top_logprobs", "response_format",
+    "prompt_logprobs", "thinking_budget",  # extensions (docs/clients.md)
 }  # fmt: skip
 # Fields outside the contract that change nothing computed here (prompt caching hints, OpenAI-side
 # storage and abuse-monitoring ids); --client-compat accepts and ignores them, otherwise they are
@@ -327,7 +328,12 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
     if legacy is not None and current is not None and legacy != current:
         raise invalid("max_completion_tokens", "max_tokens and max_completion_tokens disagree")
     max_tokens = current if current is not None else legacy
-    params = replace(sampling_params(body, max_tokens), logprobs=_logprobs(body))
+    params = replace(
+        sampling_params(body, max_tokens),
+        logprobs=_logprobs(body),
+        prompt_logprobs=f.opt_int(body, "prompt_logprobs", 0, 20),
+        thinking_budget=f.opt_int(body, "thinking_budget", 1),
+    )
     stream = bool(f.opt_bool(body, "stream"))
     options = f.opt_dict(body, "stream_options")
     if options is not None and not stream:

@@ -54,7 +54,7 @@ def completion_body(rid: str, created: int, model: str, done: Finished) -> dict[
     if done.tool_calls:
         message["tool_calls"] = [_tool_call(c) for c in done.tool_calls]
     logprobs = None if done.logprobs is None else {"content": list(done.logprobs), "refusal": None}
-    return {
+    body = {
         "id": rid,
         "object": "chat.completion",
         "created": created,
@@ -62,6 +62,9 @@ def completion_body(rid: str, created: int, model: str, done: Finished) -> dict[
         "choices": [{"index": 0, "message": message, "finish_reason": done.finish, "logprobs": logprobs}],
         "usage": usage_body(done.usage),
     }
+    if done.prompt_logprobs is not None:  # the extension: the rendered prompt's tokens, None first
+        body["prompt_logprobs"] = list(done.prompt_logprobs)
+    return body
 
 
 class ChunkStream:
@@ -72,12 +75,16 @@ class ChunkStream:
         self.include_usage = include_usage
 
     def chunk(
-        self, delta: dict[str, Any], finish: str | None = None, logprobs: dict[str, Any] | None = None
+        self,
+        delta: dict[str, Any],
+        finish: str | None = None,
+        logprobs: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> bytes:
         choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
         if logprobs is not None:
             choice["logprobs"] = logprobs
-        body: dict[str, Any] = {**self.head, "choices": [choice]}
+        body: dict[str, Any] = {**self.head, "choices": [choice], **(extra or {})}
         if self.include_usage:
             body["usage"] = None
         return sse.frame(body)
@@ -92,7 +99,11 @@ def stream_chunks(gen: Generation, chunks: ChunkStream) -> Iterator[bytes]:
 
 
 def _frames(gen: Generation, chunks: ChunkStream) -> Iterator[bytes]:
-    yield chunks.chunk({"role": "assistant", "content": ""})
+    scored = gen.prompt_logprobs  # the extension, on the first chunk
+    yield chunks.chunk(
+        {"role": "assistant", "content": ""},
+        extra=None if scored is None else {"prompt_logprobs": list(scored)},
+    )
     custom: dict[int, bool] = {}  # whether each tool call is a custom tool's
     for event in gen.events():
         if isinstance(event, LogprobsDelta):

@@ -268,11 +268,20 @@ def _thinking(body: dict[str, Any], compat: Compat) -> str | None:
     kind = f.req_str(thinking, "type", "thinking.type")
     if kind not in ("enabled", "disabled", "adaptive"):
         raise invalid("thinking.type", "thinking.type must be enabled, disabled or adaptive", "invalid_value")
-    if kind != "disabled":
-        compat.note("thinking.type", f"{kind!r} -> thinking on (budget_tokens not enforced)")
+    if kind == "adaptive":
+        compat.note("thinking.type", "'adaptive' -> thinking on (no budget)")
     if thinking.get("display") is not None:
         compat.note("thinking.display", "reasoning is returned as generated")
     return kind
+
+
+def thinking_budget(body: dict[str, Any]) -> int | None:
+    """`thinking.budget_tokens` of an enabled thinking: the reasoning tokens allowed (enforced by
+    the engine: the reasoning is closed there and the answer follows); None otherwise."""
+    thinking = f.opt_dict(body, "thinking") or {}
+    if thinking.get("type") != "enabled":
+        return None
+    return f.opt_int(thinking, "budget_tokens", 1, None, "thinking.budget_tokens")
 
 
 def _effort(body: dict[str, Any], ctx: ApiContext, compat: Compat) -> tuple[str | None, bool]:
@@ -345,6 +354,7 @@ def parse(body: dict[str, Any], ctx: ApiContext, compat: Compat | None = None) -
         top_p=f.opt_float(body, "top_p", 0.0, 1.0),
         top_k=f.opt_int(body, "top_k", 0),
         stop=f.stop_list(body, "stop_sequences"),
+        thinking_budget=thinking_budget(body),
     )
     media = sum(1 for m in conv.messages for p in m.parts if isinstance(p, ImagePart | VideoPart))
     text = output_format(body)

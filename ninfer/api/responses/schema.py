@@ -26,6 +26,7 @@ KNOWN = (
     "temperature", "top_p", "metadata", "reasoning", "chat_template_kwargs", "preserve_thinking", "text",
     "tools", "tool_choice", "parallel_tool_calls", "truncation", "top_logprobs", "service_tier",
     "background", "include", "stream_options",
+    "thinking_budget",  # extension (docs/clients.md)
 )  # fmt: skip
 # OpenAI Create fields outside the Responses Core; null is treated as absent.
 UNSUPPORTED_FIELDS = (
@@ -72,6 +73,7 @@ class CreateRequest:
     top_logprobs: int = 0  # echoed in the Response
     logprobs: int | None = None  # the engine's alternatives per token; None: no logprobs
     compat: Compat = field(default_factory=Compat)
+    thinking_budget: int | None = None  # reasoning tokens allowed (the extension); None: the server's
 
 
 def _metadata(body: dict[str, Any]) -> dict[str, str]:
@@ -336,6 +338,7 @@ def parse_create(body: dict[str, Any], vision: bool, compat: Compat | None = Non
         top_logprobs=top_logprobs,
         logprobs=logprobs,
         compat=compat,
+        thinking_budget=f.opt_int(body, "thinking_budget", 1),
     )
 
 

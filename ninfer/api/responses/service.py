@@ -84,6 +84,7 @@ class ResponsesService:
             temperature=request.temperature,
             top_p=request.top_p,
             logprobs=request.logprobs,
+            thinking_budget=request.thinking_budget,
         )
         text = request.text_format
         parts = input_formats(tools, request.tool_formats) if tools else ()
