@@ -77,8 +77,13 @@ def bare_artifacts(tmp_path_factory: pytest.TempPathFactory, demo_cache: Path) -
         (["--spec", "dflash"], "moe", "spec.method=dflash: this artifact carries no DFlash drafter"),
         (["--spec", "dflash", "--lm-head-draft"], None, "applies to spec.method=mtp only"),
     ],
-    ids=["mtp_without_head", "lm_head_draft_on_demo", "lm_head_draft_on_moe", "dflash_without_drafter",
-         "lm_head_draft_with_dflash"],  # fmt: skip
+    ids=[
+        "mtp_without_head",
+        "lm_head_draft_on_demo",
+        "lm_head_draft_on_moe",
+        "dflash_without_drafter",
+        "lm_head_draft_with_dflash",
+    ],
 )
 def test_speculative_flag_the_artifact_cannot_honour_exits_2(
     flags: list[str], artifact: str | None, key: str, bare_artifacts: dict[str, Path], demo_cache: Path
