@@ -1,7 +1,8 @@
 """`python -m ninfer` (the `ninfer` console script) as a subprocess on the demo artifact.
 
 It runs the server's engine and frontend, so its stdout is the server's answer to the same
-conversation and sampling, exactly: greedy with thinking off (the text on stdout), and seeded
+conversation and sampling, exactly: greedy with thinking off (the text on stdout; drafted with
+MTP here, which leaves greedy tokens as they are), and seeded
 sampling with thinking on (the demo model rarely closes its reasoning: the reasoning streams to
 stderr, the answer text, if any, to stdout). Loading progress and the closing statistics are on
 stderr. Bad input and settings the artifact cannot honour exit 2 with one line, before any
@@ -46,7 +47,10 @@ def chat(server: Server, body: dict) -> dict:
 
 def test_greedy_answer_is_the_servers(server: Server, demo_cache: Path) -> None:
     prompt = "One-shot: plan a morning in Porto."
-    proc = oneshot(["--prompt", prompt, "--max-new", "8", "--greedy", "--no-thinking", *COMMON], demo_cache)
+    spec = ["--spec", "mtp", "--draft-tokens", "2"]  # greedy speculation: the same tokens as spec off
+    proc = oneshot(
+        ["--prompt", prompt, "--max-new", "8", "--greedy", "--no-thinking", *spec, *COMMON], demo_cache
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     want = chat(server, {"messages": [{"role": "user", "content": prompt}], "max_tokens": 8, "temperature": 0,
                          "enable_thinking": False})  # fmt: skip
@@ -65,7 +69,8 @@ def test_greedy_answer_is_the_servers(server: Server, demo_cache: Path) -> None:
     assert err[4].startswith(
         f"ninfer: finish length; {usage['prompt_tokens']} prompt tokens (0 cached), 8 generated (0 reasoning); "
     ), err
-    assert " tok/s" in err[4] and len(err) == 5, err
+    assert " tok/s" in err[4] and len(err) == 6, err
+    assert err[5].startswith("ninfer: speculative mtp (k=2): "), err
 
 
 def test_messages_file_seeded_sampling_and_reasoning_on_stderr(
