@@ -103,12 +103,22 @@ def test_overload_and_queue_timeout(small_model) -> None:
     t2 = eng.reserve()
     with pytest.raises(EngineOverloaded):
         eng.reserve()
+    step = eng._step
+    entered, release = threading.Event(), threading.Event()
+
+    def held_step(plan) -> None:  # h1's steps wait for the test: h2 can only time out meanwhile
+        entered.set()
+        release.wait(60)
+        step(plan)
+
+    eng._step = held_step
     h1 = eng.submit(t1, _req("long", _prompt(20, 5), max_tokens=200, ignore_eos=True))
+    assert entered.wait(30)
     h2 = eng.submit(t2, _req("late", _prompt(20, 6), max_tokens=2))
-    t0 = time.monotonic()
     with pytest.raises(QueueTimeout):
-        h2.result(30)
-    assert time.monotonic() - t0 < 5
+        h2.result(30)  # by its deadline, while h1 still held the only lane (no wall-clock bound)
+    assert time.monotonic() >= t2.deadline
+    release.set()
     h2.close()
     h1.cancel()
     assert h1.result(30)[1].finish_reason == "cancelled"
