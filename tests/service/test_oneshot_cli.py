@@ -136,3 +136,24 @@ def test_refusals_before_loading_name_the_field(
         cli.main(["--prompt", "x", "--max-new", "0"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "ninfer: error: argument --max-new: must be an integer >= 1, got 0\n"
+
+
+def test_progress_line_is_rewritten_in_place_on_a_terminal() -> None:
+    """On a terminal each phase rewrites one line (carriage return, erase); the end closes it."""
+    from io import StringIO
+
+    from ninfer.oneshot.progress import Progress
+
+    live, plain = StringIO(), StringIO()
+    for stream, is_tty in ((live, True), (plain, False)):
+        with Progress(stream, "ninfer", live=is_tty) as progress:
+            progress.phase("loading the weights")
+            progress.phase("warming up")
+            assert progress.done("ready") >= 0.0
+    assert live.getvalue().count("\n") == 1 and live.getvalue().startswith(
+        "\r\033[Kninfer: loading the weights ("
+    )
+    assert "\r\033[Kninfer: warming up (" in live.getvalue() and "ninfer: ready in " in live.getvalue()
+    lines = plain.getvalue().splitlines()
+    assert [x.split(" (")[0] for x in lines[:2]] == ["ninfer: loading the weights", "ninfer: warming up"]
+    assert len(lines) == 3 and lines[2].startswith("ninfer: ready in ") and "\r" not in plain.getvalue()
