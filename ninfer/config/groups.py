@@ -132,6 +132,10 @@ class SpecSettings(BaseSettings):
                 raise ConfigError.for_key(
                     "spec.lm_head_draft", True, "requires spec.method (--spec mtp|dflash)"
                 )
+        elif self.method == "dflash" and self.lm_head_draft:
+            raise ConfigError.for_key(
+                "spec.lm_head_draft", True, "applies to spec.method=mtp only (drop it with --spec dflash)"
+            )
         elif self.method == "mtp" and self.draft_tokens is not None and self.draft_tokens > MTP_MAX_DRAFT:
             raise ConfigError.for_key(
                 "spec.draft_tokens",

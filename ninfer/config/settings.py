@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -105,6 +105,8 @@ def check_against_artifact(
     has_mtp: bool | None = None,
     has_vision: bool | None = None,
     max_position_embeddings: int | None = None,
+    has_lm_head_draft: bool | None = None,
+    has_dflash: bool | None = None,
 ) -> None:
     """Rules that need the opened artifact; the service calls this before allocating anything.
 
@@ -117,8 +119,22 @@ def check_against_artifact(
             "dflash",
             f"needs the 35B-A3B artifact (family {MOE_FAMILY}), this artifact is {family}",
         )
+    if settings.spec.method == "dflash" and has_dflash is False:
+        raise ConfigError.for_key(
+            "spec.method",
+            "dflash",
+            "this artifact carries no DFlash drafter "
+            "(add one with `python -m ninfer.artifact add-dflash ARTIFACT DRAFTER_HF_DIR`)",
+        )
     if settings.spec.method == "mtp" and has_mtp is False:
         raise ConfigError.for_key("spec.method", "mtp", "this artifact carries no MTP head")
+    if settings.spec.lm_head_draft and has_lm_head_draft is False:
+        raise ConfigError.for_key(
+            "spec.lm_head_draft",
+            True,
+            "this artifact has no 'lm_head_draft' proposal head: drop --lm-head-draft, or add "
+            "one with `python -m ninfer.artifact lm-head-draft`",
+        )
     if settings.vision.enabled and has_vision is False:
         raise ConfigError.for_key("vision.enabled", True, "this artifact carries no vision tower")
     if max_position_embeddings is not None and settings.engine.max_context > max_position_embeddings:
@@ -127,3 +143,35 @@ def check_against_artifact(
             settings.engine.max_context,
             f"must be an integer in 1..{max_position_embeddings} for this artifact",
         )
+
+
+class _ArtifactConfig(Protocol):
+    @property
+    def max_position_embeddings(self) -> int: ...
+
+
+class OpenedArtifact(Protocol):
+    """What the artifact checks read of an opened artifact (`ninfer.artifact.Artifact`)."""
+
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def config(self) -> _ArtifactConfig: ...
+
+    def has_component(self, name: str) -> bool: ...
+
+
+def check_artifact_settings(settings: Settings, artifact: OpenedArtifact) -> None:
+    """`check_against_artifact` with every fact of an opened artifact (its manifest only, no
+    weights): the one check the server's master, its worker and the one-shot CLI run before they
+    bind a port or load anything."""
+    check_against_artifact(
+        settings,
+        artifact.family,
+        has_mtp=artifact.has_component("mtp"),
+        has_vision=artifact.has_component("vision"),
+        max_position_embeddings=artifact.config.max_position_embeddings,
+        has_lm_head_draft=artifact.has_component("lm_head_draft"),
+        has_dflash=artifact.has_component("dflash"),
+    )

@@ -29,17 +29,11 @@ def check_artifact(settings: Settings, options: ServiceOptions) -> None:
     """Open the artifact (manifest and headers; no weights are read) and refuse every setting it
     cannot honour, before the port is bound: the worker would otherwise fail after it."""
     from ninfer.artifact import ensure_demo_artifact, open_artifact
-    from ninfer.config import check_against_artifact
+    from ninfer.config import check_artifact_settings
     from ninfer.config.errors import ConfigError
 
     artifact = open_artifact(options.artifact or str(ensure_demo_artifact()))
-    check_against_artifact(
-        settings,
-        artifact.family,
-        has_mtp=artifact.has_component("mtp"),
-        has_vision=artifact.has_component("vision"),
-        max_position_embeddings=artifact.config.max_position_embeddings,
-    )
+    check_artifact_settings(settings, artifact)
     if artifact.quantized:
         from ninfer.bootstrap import unsupported_formats
         from ninfer.service.gpu_probe import device_capability

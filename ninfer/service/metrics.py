@@ -4,17 +4,23 @@ Every series has a `ninfer_*` name; where vLLM exports a series with the same me
 exported under vLLM's name (`vllm:*`, label `model_name`), so routers (the Gateway API Inference
 Extension endpoint picker, vLLM production-stack), autoscalers and dashboards built for vLLM read
 NInfer unchanged. `docs/metrics.md` maps each series to its meaning and its peers' names.
+
+Every series exists from the first scrape, at zero (as vLLM exports them): the histograms, the
+token counters and the finish-reason and reuse-path counters get their children for the current
+model name at each scrape, before any request has finished.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ninfer.engine.api import RequestStats
+from ninfer.engine.api import RequestStats, ReusePath
 from ninfer.engine.speculative import counters as spec_counters
 from ninfer.service.engine_view import EngineView
 
@@ -27,6 +33,8 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                10.0, 20.0, 40.0, 80.0)  # fmt: skip
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+# the pipeline's finish reasons of a finished request (`request_done`)
+FINISH_REASONS = ("stop", "length", "tool_calls", "cancelled")
 COLD_TIER_GAUGES = ("entries", "capacity_bytes", "used_bytes")
 COLD_TIER_COUNTERS = ("parks", "restores", "evictions", "park_failures", "restore_failures")
 
@@ -94,6 +102,27 @@ class ServiceMetrics:
             ["model_name", "route", "method", "status"], registry=reg,
         )  # fmt: skip
         self.registry.register(_SchedulerCollector(self._label, engine))
+        self._shown: str | None = None  # the model name whose zero children exist
+        self._lock = threading.Lock()  # scrapes run on several server threads
+
+    def _materialize(self, label: str) -> None:
+        """The fixed children of `label` at zero (the loading placeholder's go once the model's
+        name is known: nothing finishes while loading, so they hold nothing)."""
+        with self._lock:
+            if label != self._shown:
+                self._materialize_locked(label)
+
+    def _materialize_locked(self, label: str) -> None:
+        fixed: list[tuple[Histogram | Counter, tuple[str, ...]]] = []
+        fixed += [(h, ()) for hists in self._hist.values() for h in hists]
+        fixed += [(c, ()) for counts in self._count.values() for c in counts]
+        fixed += [(c, (reason,)) for c in self._success for reason in FINISH_REASONS]
+        fixed += [(self._reuse, (path,)) for path in get_args(ReusePath)]
+        for metric, extra in fixed:
+            if self._shown == "":  # the loading placeholder (a real name is never replaced)
+                metric.remove(self._shown, *extra)
+            metric.labels(label, *extra)
+        self._shown = label
 
     def _label(self) -> str:
         return self._model_name() or ""
@@ -140,6 +169,7 @@ class ServiceMetrics:
         self._http.labels(self._label(), route, method, str(status)).inc()
 
     def render(self) -> bytes:
+        self._materialize(self._label())
         return generate_latest(self.registry)
 
 

@@ -125,7 +125,7 @@ class ServiceRuntime:
     def _load_inner(self) -> None:
         from ninfer.api.prompting import FrontendPrompts
         from ninfer.artifact import ensure_demo_artifact, open_artifact
-        from ninfer.config import check_against_artifact
+        from ninfer.config import check_artifact_settings
         from ninfer.frontend.options import ServerDefaults
         from ninfer.service.compile_cache import setup_compile_cache
         from ninfer.text.tokenizer import Tokenizer
@@ -145,13 +145,8 @@ class ServiceRuntime:
                 "its text is not meaningful", path, artifact.synthetic["seed"],
             )  # fmt: skip
             self.ctx.synthetic_weights = True
-        check_against_artifact(  # settings the artifact cannot honour fail before any allocation
-            self.settings,
-            artifact.family,
-            has_mtp=artifact.has_component("mtp"),
-            has_vision=artifact.has_component("vision"),
-            max_position_embeddings=artifact.config.max_position_embeddings,
-        )
+        # settings the artifact cannot honour fail before any allocation
+        check_artifact_settings(self.settings, artifact)
         tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
         defaults = ServerDefaults(self.options.thinking_default, self.options.preserve_thinking_default)
         media = None

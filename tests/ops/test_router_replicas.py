@@ -1,10 +1,10 @@
 """3 demo replicas on the CPU behind vllm-router, through ops/router/replicas.py, kept small for
 the suite (the full 60-conversation run is the ops script's).
 
-- `cache_aware` (prefix tree of request text): later Chat turns that the router keeps on their
-  conversation's replica (seen in the replicas' request logs by x-request-id) reuse their prefix,
-  most later turns on Chat and Messages reuse, a Responses continuation finds its stored
-  response, and load reaches every replica.
+- `cache_aware` (prefix tree of request text): later Chat turns that the router kept on their
+  conversation's replica (seen in the replicas' request logs by x-request-id) reuse their prefix
+  (how many it keeps depends on the replicas' load, so that is not counted), a Responses
+  continuation finds its stored response, and load reaches every replica.
 - `consistent_hash` on `x-session-id` (a second router over the same replicas): every
   conversation stays on one replica, so every later turn reuses its prefix and every
   continuation by `previous_response_id` finds its response.
@@ -31,13 +31,15 @@ def test_replicas_behind_vllm_router(tmp_path: Path) -> None:
         assert tally.failures == []
         assert tally.later_turns == 6
         placed = rr.placement(tally, workers)
-        # ours, exact: a later Chat turn on its conversation's replica reuses the prefix (the
-        # router forwards x-request-id on Chat only: conversations 0, 2, 4); the router's prefix
-        # tree is approximate and may move a turn off a busy replica (a loaded 2-core machine
-        # moved 1 of 6), so most but not all later turns must reuse
+        # ours, exact: a later Chat turn that landed on the replica holding its prefix reuses it
+        # (the router forwards x-request-id on Chat only: conversations 0, 2, 4). Where a turn
+        # lands is the router's choice: its prefix tree is approximate and its load balancing
+        # moves a turn off a busy replica (a loaded 2-core machine moved 1, then 2, of 6), so
+        # no count of kept or reused turns is asserted here; the consistent_hash router below
+        # is the one that guarantees placement, and there every later turn must reuse
         assert placed.lost == [] and placed.kept + placed.moved == 3, placed
         assert placed.unseen == 3, placed
-        assert tally.reused_turns >= 4, (tally, placed)
+        assert tally.reused_turns >= placed.kept, (tally, placed)
         assert rr._responses_pair(router.url, 1, 16)
         per = [rr.served(w.url) - b for w, b in zip(workers, base, strict=True)]
         assert sum(per) == 14 and min(per) > 0, per  # every replica served

@@ -31,6 +31,9 @@ def test_metrics_series_auth_and_values(server: Server) -> None:
                  "vllm:gpu_cache_usage_perc", "ninfer_kv_cache_retained_perc", "ninfer_cold_tier_active"):  # fmt: skip
         assert f"{name}{{}}" in before, name
     assert before["ninfer_ready{}"] == 1.0 and before["vllm:num_requests_running{}"] == 0.0
+    for name in ("vllm:time_to_first_token_seconds_count", "vllm:prompt_tokens_total",
+                 "vllm:generation_tokens_total", "vllm:request_success_total"):  # fmt: skip
+        assert any(k.startswith(f"{name}{{") for k in before), name  # from the first scrape on
     assert 0.0 <= before["vllm:kv_cache_usage_perc{}"] <= 1.0
 
     turn1 = [{"role": "system", "content": "You plan trips."}, {"role": "user", "content": "Lyon?"}]

@@ -19,10 +19,12 @@ import pytest
 import requests
 from conftest import API_KEY, HERE, MODEL, ROOT, Server, start_server, stop_server
 
-HEADER_S, BODY_S, KEEPALIVE_S = 5.0, 3.0, 5
+# read deadlines long enough that 256 connections and four answers fit well inside the first of
+# them on a loaded 2-core machine (with 5 s / 3 s the attackers with a started body were dropped
+# before the answers' check whenever the machine was busy)
+HEADER_S, BODY_S, KEEPALIVE_S = 10.0, 8.0, 5
 SLACK_S = 2.5  # deadline sweep, the loaded test machine
 ATTACKERS = 256
-ANSWER_WITHIN_S = 1.0
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
@@ -75,6 +77,9 @@ def _drip(socks: list[socket.socket], stop: threading.Event) -> None:
 
 
 def test_256_slow_and_idle_connections_leave_health_and_chat_answering(slow_server: Server) -> None:
+    """Answers while every attacker is still connected: a server they held would answer only once
+    their deadlines dropped them (no per-answer wall-clock bound: that measures the load)."""
+    t_attack = time.monotonic()
     socks = _attackers(slow_server.port, ATTACKERS)
     stop = threading.Event()
     dripper = threading.Thread(target=_drip, args=(socks, stop), daemon=True)
@@ -82,16 +87,17 @@ def test_256_slow_and_idle_connections_leave_health_and_chat_answering(slow_serv
     try:
         time.sleep(0.5)
         for _ in range(2):
-            t0 = time.monotonic()
-            r = requests.get(f"{slow_server.url}/health", timeout=10)
-            health_s = time.monotonic() - t0
-            assert r.status_code == 200 and health_s < ANSWER_WITHIN_S, health_s
-            t0 = time.monotonic()
+            r = requests.get(f"{slow_server.url}/health", timeout=BODY_S)
+            assert r.status_code == 200, r.text
             r = requests.post(
-                f"{slow_server.url}/v1/chat/completions", json=CHAT, headers=slow_server.headers(), timeout=10
+                f"{slow_server.url}/v1/chat/completions",
+                json=CHAT,
+                headers=slow_server.headers(),
+                timeout=BODY_S,
             )
-            chat_s = time.monotonic() - t0
-            assert r.status_code == 200 and chat_s < ANSWER_WITHIN_S, (r.text, chat_s)
+            assert r.status_code == 200, r.text
+        answered_s = time.monotonic() - t_attack
+        assert answered_s < BODY_S, answered_s  # before any attacker's deadline could free the server
         # the attackers were all still connected while those were answered
         alive = 0
         for s in socks:

@@ -41,9 +41,7 @@ def test_demo_is_cached(built: tuple[Path, float], monkeypatch: pytest.MonkeyPat
 
 def test_demo_is_deterministic(built: tuple[Path, float], tmp_path: Path) -> None:
     first = open_artifact(built[0]).manifest.digests
-    start = time.perf_counter()
     again = demo.build_demo(tmp_path / "again.ninfer", seed=0)
-    assert time.perf_counter() - start < 60
     assert open_artifact(again).manifest.digests == first
     other = demo.build_demo(tmp_path / "other.ninfer", seed=1)
     digests = open_artifact(other).manifest.digests

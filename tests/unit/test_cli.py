@@ -122,6 +122,9 @@ def test_cross_field_errors_name_the_flag(capsys: pytest.CaptureFixture[str]) ->
         ("--spec", "mtp", "--draft-tokens", "6"): (
             "--draft-tokens=6 (spec.draft_tokens): must be an integer in 1..5 with spec.method=mtp"
         ),
+        ("--spec", "dflash", "--lm-head-draft"): (
+            "--lm-head-draft (spec.lm_head_draft=true): applies to spec.method=mtp only (drop it with --spec dflash)"
+        ),
         ("--spec", "dflash", "--vision"): (
             "--vision (vision.enabled=true): cannot be combined with spec.method=dflash (DFlash is text-only)"
         ),

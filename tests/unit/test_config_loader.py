@@ -132,6 +132,12 @@ def test_check_against_artifact() -> None:
             check_against_artifact(mtp, "qwen3_5", **kwargs)
     with pytest.raises(ConfigError, match=r"engine.max_context=16384: must be an integer in 1..8192"):
         check_against_artifact(mtp, "qwen3_5", max_position_embeddings=8192)
+    with pytest.raises(ConfigError, match=r"^spec.lm_head_draft=true: .*drop --lm-head-draft"):
+        check_against_artifact(mtp, "qwen3_5", has_mtp=True, has_lm_head_draft=False)
+    check_against_artifact(mtp, "qwen3_5", has_mtp=True, has_lm_head_draft=True)
+    with pytest.raises(ConfigError, match=r"^spec.method=dflash: this artifact carries no DFlash drafter"):
+        check_against_artifact(dflash, "qwen3_5_moe", has_dflash=False)
+    check_against_artifact(dflash, "qwen3_5_moe", has_dflash=True, has_lm_head_draft=False)
 
 
 def test_env_overrides_yaml_and_explicit_overrides_win(monkeypatch: pytest.MonkeyPatch) -> None:

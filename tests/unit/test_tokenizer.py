@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 import unicodedata
 
 import pytest
@@ -42,12 +41,9 @@ SPEC_NOT_SPECIAL = {
 }
 
 
-def test_cli_build_is_deterministic_and_fast(tmp_path):
+def test_cli_build_is_deterministic(tmp_path):
     out = tmp_path / "tokenizer.json"
-    start = time.perf_counter()
     assert builder.main([str(out)]) == 0
-    elapsed = time.perf_counter() - start
-    assert elapsed < 60, f"build took {elapsed:.1f}s"
     assert out.read_bytes() == cached_tokenizer_json().read_bytes()
 
 
