@@ -351,6 +351,8 @@ def test_chat_shapes_custom_calls_whole_and_streamed() -> None:
     assert second.type == "function" and json.loads(second.function.arguments) == {"city": "Nice"}
 
     class Gen:  # the generation's events, as the pipeline yields them
+        prompt_logprobs = None  # no prompt scoring asked
+
         def events(self) -> list[Any]:
             return [
                 ToolCallStart(0, "call_1", "patch", custom=True),
