@@ -29,11 +29,12 @@ from ninfer.api.events import Finished, GenerationJob, LogprobsDelta, TextDelta
 from ninfer.api.fields import parse_body
 from ninfer.api.parse_guard import guarded
 from ninfer.api.pipeline import Generation
+from ninfer.engine.config import MAX_LOGPROBS
 from ninfer.frontend.conversation import Conversation
 from ninfer.frontend.options import RequestOptions
 from ninfer.text.tokenizer import Tokenizer
 
-LOGPROBS_MAX = 20  # alternatives per token (the engine's bound; OpenAI's legacy API allows 5)
+LOGPROBS_MAX = MAX_LOGPROBS  # alternatives per token (the engine's bound; OpenAI's legacy API allows 5)
 
 KNOWN = (
     "model", "prompt", "max_tokens", "stop", "echo", "logprobs", "stream", "stream_options",

@@ -8,13 +8,16 @@ from pydantic import BeforeValidator, Field, JsonValue, SecretStr, model_validat
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ninfer.config.errors import ConfigError
+from ninfer.engine.config import (
+    COLD_TIER_HOST_SHARE,
+    DFLASH_MAX_DRAFT,
+    MAX_CONCURRENCY,
+    MTP_MAX_DRAFT,
+    EngineConfig,
+)
 
-MTP_MAX_DRAFT = 5
-DEFAULT_DRAFT_TOKENS = 3  # k when --spec is given without --draft-tokens
-DFLASH_MAX_DRAFT = 15  # a block of 16: the anchor + 15 masks
-MAX_CONCURRENCY = 8
 MAX_SEED = 2**63 - 1
-COLD_TIER_HOST_SHARE = 0.25  # cold_tier.host_mib unset: this share of the free host memory
+_ENGINE = EngineConfig()  # the settings' bounds and defaults are the engine's, written once there
 
 
 def _not_bool(value: Any) -> Any:
@@ -56,15 +59,22 @@ class EngineSettings(BaseSettings):
 
     model_config = _config("engine")
 
-    max_context: Int = Field(8192, ge=1, description="logical context ceiling of each sequence")
+    max_context: Int = Field(
+        _ENGINE.max_context, ge=1, description="logical context ceiling of each sequence"
+    )
     max_concurrency: Int = Field(
-        1, ge=1, le=MAX_CONCURRENCY, description="maximum admitted requests; valid range 1..8"
+        _ENGINE.max_concurrency,
+        ge=1,
+        le=MAX_CONCURRENCY,
+        description="maximum admitted requests; valid range 1..8",
     )
     max_pending_requests: Int = Field(
-        16, ge=0, description="additional requests allowed to wait for admission"
+        _ENGINE.max_pending, ge=0, description="additional requests allowed to wait for admission"
     )
-    pending_timeout_ms: Int = Field(30000, ge=1, description="maximum preparation-plus-admission wait")
-    prefill_chunk: Int = Field(1024, ge=1, description="text-prefill chunk")
+    pending_timeout_ms: Int = Field(
+        _ENGINE.pending_timeout_ms, ge=1, description="maximum preparation-plus-admission wait"
+    )
+    prefill_chunk: Int = Field(_ENGINE.prefill_chunk, ge=1, description="text-prefill chunk")
     device: Annotated[int, Field(ge=0), BeforeValidator(_not_bool)] | Literal["cpu"] = Field(
         0,
         description="CUDA device index (or cpu; the CPU is used when CUDA is absent)",
@@ -83,7 +93,9 @@ class EngineSettings(BaseSettings):
     no_prefix_reuse: bool = Field(
         False, description="disable compatible-prefix caching", json_schema_extra=cli(shown="prefix reuse on")
     )
-    default_max_tokens: Int = Field(8192, ge=1, description="output limit when omitted by a request")
+    default_max_tokens: Int = Field(
+        _ENGINE.default_max_tokens, ge=1, description="output limit when omitted by a request"
+    )
 
     def torch_device(self, cuda_available: bool) -> str:
         """``cuda:N``, or ``cpu`` when asked for or when CUDA is absent."""
@@ -170,23 +182,25 @@ class ColdTierSettings(BaseSettings):
     model_config = _config("cold_tier")
 
     enabled: bool = Field(
-        True,
+        _ENGINE.cold_tier,
         description="disable the cold tier (secondary GPUs and host memory)",
         json_schema_extra=cli(shown="cold tier on"),
     )
     device: Int = Field(
-        -1,
+        _ENGINE.cold_tier_device,
         ge=-1,
         description="pin the cold tier to one secondary device; -1 spans every non-primary device with at least 512 MiB free",
     )
     capacity_mib: Int = Field(
-        0,
+        _ENGINE.cold_tier_capacity_mib,
         ge=0,
         description="per-device cold-tier arena bytes; 0 sizes each arena from device free memory minus 256 MiB",
     )
-    staging_mib: Int = Field(64, ge=1, description="pinned host staging buffer for cold-tier transfers")
+    staging_mib: Int = Field(
+        _ENGINE.cold_tier_staging_mib, ge=1, description="pinned host staging buffer for cold-tier transfers"
+    )
     host_mib: Int | None = Field(
-        None,
+        _ENGINE.cold_tier_host_mib,
         ge=0,
         description="pinned host-RAM cold-tier arena (beside any secondary-GPU arenas); 0 disables it",
         json_schema_extra=cli(

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from ninfer.config.groups import COLD_TIER_HOST_SHARE as HOST_FRACTION
 from ninfer.engine.cold_tier_store import MIB, Arena
+from ninfer.engine.config import COLD_TIER_HOST_SHARE as HOST_FRACTION
 
 log = logging.getLogger("ninfer.engine.cold_tier")
 BLOCK = 64 * MIB  # a power of two: the CUDA host allocator rounds pinned allocations up to one

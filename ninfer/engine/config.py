@@ -1,30 +1,46 @@
-"""The engine's narrow configuration (the composition root fills it from the settings)."""
+"""The engine's narrow configuration and its caps (the composition root fills it from the settings).
+
+The engine sits below the settings layer: `ninfer.config.groups` reads its bounds (concurrency,
+draft lengths, the logprobs cap) and its defaults from here, so each is written once.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ninfer.config.groups import DEFAULT_DRAFT_TOKENS, ColdTierSettings, EngineSettings, defaults
-from ninfer.engine.sampler import SamplingOverrides
+MAX_CONCURRENCY = 8  # lanes an engine may run (the contract's 1..8)
+MTP_MAX_DRAFT = 5  # drafts per round through the MTP layer
+DFLASH_MAX_DRAFT = 15  # a DFlash block of 16: the anchor + 15 masks
+DEFAULT_DRAFT_TOKENS = 3  # k when speculation is asked for without a draft count
+MAX_LOGPROBS = 20  # alternatives per token (sampled and prompt logprobs alike)
+COLD_TIER_HOST_SHARE = 0.25  # no host arena size given: this share of the free host memory
 
-# the settings models hold every default; an engine built without Settings (tests, scripts) gets the same
-_E = defaults(EngineSettings)
-_C = defaults(ColdTierSettings)
+
+@dataclass(frozen=True)
+class SamplingOverrides:
+    """Process-level settings (`sampling.*`): each set field overrides the registered preset."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None  # fixed seed for requests that omit one
+    greedy: bool = False  # force temperature 0 for every request
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    max_concurrency: int = _E[
-        "max_concurrency"
-    ]  # lanes: active requests, each also a retained-prefix residency
-    max_pending: int = _E["max_pending_requests"]  # requests allowed beyond the active set (lifetime tickets)
-    pending_timeout_ms: int = _E["pending_timeout_ms"]  # reservation -> admission deadline
-    prefill_chunk: int = _E["prefill_chunk"]
-    max_context: int = _E["max_context"]
+    max_concurrency: int = 1  # lanes: active requests, each also a retained-prefix residency
+    max_pending: int = 16  # requests allowed beyond the active set (lifetime tickets)
+    pending_timeout_ms: int = 30000  # reservation -> admission deadline
+    prefill_chunk: int = 1024
+    max_context: int = 8192
     kv_capacity: int | str | None = None  # tokens, "auto", or None = max_context
     no_prefix_reuse: bool = False
-    default_max_tokens: int = _E["default_max_tokens"]  # for requests whose max_tokens is None
+    default_max_tokens: int = 8192  # for requests whose max_tokens is None
     device: str = "cpu"
     dtype: str = "float32"  # "float32" | "bfloat16"
     sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
@@ -70,14 +86,14 @@ class EngineConfig:
     spec_oracle_wrong_fraction: float | None = None
     spec_oracle_seed: int = 0
     # Cold tier for evicted retained prefixes: arenas on secondary CUDA devices and / or in host RAM.
-    cold_tier: bool = _C["enabled"]
-    cold_tier_device: int = _C["device"]  # -1: every non-primary device with >= 512 MiB free
-    cold_tier_capacity_mib: int = _C["capacity_mib"]  # per arena; 0: the device's free memory minus 256 MiB
+    cold_tier: bool = True
+    cold_tier_device: int = -1  # -1: every non-primary device with >= 512 MiB free
+    cold_tier_capacity_mib: int = 0  # per arena; 0: the device's free memory minus 256 MiB
     # pinned host staging buffer for the chunked device-arena transfers; also the most bytes a
     # park keeps in flight on the transfer stream and a restore moves in one round
-    cold_tier_staging_mib: int = _C["staging_mib"]
+    cold_tier_staging_mib: int = 64
     # host-RAM arena: MiB (beside any device arenas), 0 none, None a share of the free host memory
     # when no secondary device holds the tier
-    cold_tier_host_mib: int | None = _C["host_mib"]
+    cold_tier_host_mib: int | None = None
     # > 0: a restore moves this many bytes per engine round instead of one decode step's worth
     cold_tier_restore_chunk_bytes: int = 0

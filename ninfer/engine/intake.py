@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ninfer.engine.api import ContextLengthExceeded, GenerationRequest, QueueTimeout, RequestStats
-from ninfer.engine.config import EngineConfig
+from ninfer.engine.config import MAX_LOGPROBS, EngineConfig
 from ninfer.engine.sampler import DraftConstraint, ResolvedSampling, TokenConstraint, resolve_sampling
 from ninfer.engine.speculative import counters as spec_counters
 from ninfer.engine.stops import Detokenizer
@@ -69,8 +69,8 @@ def prepare(
     if max_tokens < (0 if scoring else 1):
         raise ValueError(f"max_tokens must be >= {0 if scoring else 1}, got {max_tokens}")
     for name, value in (("logprobs", params.logprobs), ("prompt_logprobs", params.prompt_logprobs)):
-        if value is not None and not 0 <= value <= 20:
-            raise ValueError(f"{name} must be in [0, 20], got {value}")
+        if value is not None and not 0 <= value <= MAX_LOGPROBS:
+            raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
     if scoring and mm is not None:
         raise ValueError("prompt_logprobs are not computed for prompts with media")
     if params.thinking_budget is not None and params.thinking_budget < 1:

@@ -10,6 +10,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from ninfer.engine.api import SamplingParams, TokenLogprob
+from ninfer.engine.config import SamplingOverrides
 
 KNOBS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
 # Used for knobs neither the preset, the process nor the request sets: plain softmax sampling.
@@ -25,20 +26,6 @@ _SEED_RNG = random.SystemRandom()
 # Positive temperatures below the smallest normal float32 are sampled as greedy: the knob is a
 # float32 on the device, where a subnormal may flush to zero (0 / 0 in the scaled logits).
 MIN_TEMPERATURE = float(torch.finfo(torch.float32).tiny)
-
-
-@dataclass(frozen=True)
-class SamplingOverrides:
-    """Process-level settings (`sampling.*`): each set field overrides the registered preset."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None  # fixed seed for requests that omit one
-    greedy: bool = False  # force temperature 0 for every request
 
 
 @dataclass(frozen=True)

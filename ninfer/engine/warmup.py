@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.engine.config import MAX_LOGPROBS
 from ninfer.engine.pages import pages_for
 from ninfer.engine.plan import PrefillPlan, SlotOp
 from ninfer.engine.sampler import ResolvedSampling, RowSampler, check_drawn, sample_rows_full
@@ -111,7 +112,7 @@ def warmup_samplers(device: torch.device) -> list[RowSampler]:
         RowSampler(top, device),
         RowSampler(ResolvedSampling(1.0, 1.0, 0, 0.05, 0.0, 0.0, seed=2), device),
         RowSampler(ResolvedSampling(0.6, 0.95, 20, 0.0, 1.5, 0.5, seed=3), device),  # penalties
-        RowSampler(greedy, device, logprobs=20),
+        RowSampler(greedy, device, logprobs=MAX_LOGPROBS),  # the widest top-k
         RowSampler(top, device, logprobs=5, constraint=_EvenTokens()),
     ]
     for s in samplers:

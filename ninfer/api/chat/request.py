@@ -22,6 +22,7 @@ from ninfer.api.tool_control import (
     input_formats,
 )
 from ninfer.engine.api import ConstraintSpec, SamplingParams
+from ninfer.engine.config import MAX_LOGPROBS
 from ninfer.frontend.conversation import (
     CUSTOM_INPUT,
     Conversation,
@@ -294,7 +295,7 @@ def schema_constraint(spec: dict[str, Any], param: str) -> ConstraintSpec:
 
 def _logprobs(body: dict[str, Any]) -> int | None:
     """`logprobs` / `top_logprobs` (0..20) -> the engine's top count, None when off."""
-    top = f.opt_int(body, "top_logprobs", 0, 20)
+    top = f.opt_int(body, "top_logprobs", 0, MAX_LOGPROBS)
     if not f.opt_bool(body, "logprobs"):
         if top is not None:
             raise invalid("top_logprobs", "top_logprobs requires logprobs=true")
@@ -331,7 +332,7 @@ def parse(body: dict[str, Any], ctx: ApiContext) -> ChatRequest:
     params = replace(
         sampling_params(body, max_tokens),
         logprobs=_logprobs(body),
-        prompt_logprobs=f.opt_int(body, "prompt_logprobs", 0, 20),
+        prompt_logprobs=f.opt_int(body, "prompt_logprobs", 0, MAX_LOGPROBS),
         thinking_budget=f.opt_int(body, "thinking_budget", 1),
     )
     stream = bool(f.opt_bool(body, "stream"))

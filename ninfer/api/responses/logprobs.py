@@ -16,9 +16,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from ninfer.engine.config import MAX_LOGPROBS
 from ninfer.text.detok import Utf8Stream
 
-TOP_LOGPROBS_MAX = 20  # alternatives per token (OpenAI's bound, and the engine's)
+TOP_LOGPROBS_MAX = MAX_LOGPROBS  # alternatives per token (OpenAI's bound, and the engine's)
 
 
 class TextLogprobs:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ninfer.config.groups import DFLASH_MAX_DRAFT, MTP_MAX_DRAFT
 from ninfer.engine.api import EngineConfigError
-from ninfer.engine.config import EngineConfig
+from ninfer.engine.config import DFLASH_MAX_DRAFT, MTP_MAX_DRAFT, EngineConfig
 from ninfer.engine.slots import SlotLayout
 from ninfer.engine.speculative.decoder import Drafter, SpecDecoder
 from ninfer.engine.speculative.dflash import DFlashEngineDrafter
