@@ -10,6 +10,7 @@ ready per request and in total. On the CPU (the Triton interpreter, no torch.com
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import Counter
 from typing import Any
@@ -49,10 +50,10 @@ def record(name: str) -> None:
 
 
 def _dynamo_graphs() -> int:
-    try:
-        from torch._dynamo.utils import counters
-    except ImportError:
-        return 0
+    if "torch._dynamo" not in sys.modules:
+        return 0  # nothing was compiled through Dynamo (importing it to ask costs ~2 s)
+    from torch._dynamo.utils import counters
+
     return int(counters["stats"].get("unique_graphs", 0))
 
 

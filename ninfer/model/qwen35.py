@@ -29,7 +29,10 @@ class Qwen35Model(nn.Module):
         super().__init__()
         self.config = config
         self.ops = ops or get_ops("cpu")
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # no init draw: every weight is assigned at load (nn.Embedding's normal_ init on the meta
+        # device imports torch._dynamo, ~2 s of every process start)
+        table = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=table)
         self.layers = nn.ModuleList(DecoderLayer(config, t, self.ops) for t in config.layer_types)
         self.norm = RMSNorm1p(config.hidden_size, config.rms_norm_eps, self.ops)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
