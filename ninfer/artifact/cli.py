@@ -1,4 +1,5 @@
-"""`python -m ninfer.artifact {convert,inspect,verify,synth,demo,lm-head-draft,add-dflash}`: every failure is one line on stderr."""
+"""`python -m ninfer.artifact {convert,inspect,verify,import,synth,demo,lm-head-draft,add-dflash}`: every
+failure is one line on stderr (exit 1; a seed-format file that breaks a container rule: exit 2)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ def _inspect(path: Path, tensors: bool = False) -> int:
 
     a = open_artifact(path)
     c, m = a.config, a.manifest
+    if a.manifest.created_by.startswith("seed "):
+        _inspect_seed(a, tensors)
+        _inspect_config(c)
+        return 0
     print(f"artifact      {a.path}")
     print(f"model_id      {a.model_id}")
     print(f"display_name  {m.identity.display_name}")
@@ -43,6 +48,11 @@ def _inspect(path: Path, tensors: bool = False) -> int:
     _inspect_formats(a, tensors)
     total = sum(comp.bytes for comp in m.components.values())
     print(f"total         {sum(x.tensor_count for x in m.components.values())} tensors, {_size(total)}")
+    _inspect_config(c)
+    return 0
+
+
+def _inspect_config(c) -> None:  # type: ignore[no-untyped-def]
     ffn = (
         f"dense FFN {c.intermediate_size}"
         if not c.is_moe
@@ -60,7 +70,89 @@ def _inspect(path: Path, tensors: bool = False) -> int:
         f"heads x {c.linear_key_head_dim}/{c.linear_value_head_dim}"
     )
     print(f"              {ffn}, MTP layers {c.mtp_num_hidden_layers}, eos {list(c.eos_token_ids)}")
-    return 0
+
+
+def _inspect_seed(a, tensors: bool) -> None:  # type: ignore[no-untyped-def]
+    """A seed container: identity, files, components, stored formats with bits per weight, what
+    loads natively, what is dequantized to bf16 at load, what is not loaded."""
+    from collections import Counter
+
+    from ninfer.artifact.seed_container import FORMATS
+
+    sf = a.sf
+    print(f"artifact      {a.path} (seed .ninfer container v{sf.version})")
+    print(f"model_id      {a.model_id}" + (f" / weights {sf.weights_id}" if sf.weights_id else ""))
+    if sf.artifact_id is not None:
+        print(f"artifact_id   {sf.artifact_id.hex()}")
+    shown = ", ".join(f"{p.path.name} ({_size(p.payload_bytes)})" for p in sf.parts[:3])
+    print(f"files         {len(sf.parts)}: {shown}{', …' if len(sf.parts) > 3 else ''}")
+    if sf.components:
+        print(f"components    {', '.join(sf.components)} (in the file)")
+    roles = sf.resource_roles()
+    print(f"resources     {', '.join(roles)}")
+    count: Counter[str] = Counter()
+    nbytes: Counter[str] = Counter()
+    weights: Counter[str] = Counter()
+    for o in sf.tensors():
+        count[o.format] += 1
+        nbytes[o.format] += o.nbytes
+        weights[o.format] += o.elements
+    for fmt in sorted(count, key=lambda f: -nbytes[f]):
+        kind = FORMATS[fmt].kind
+        how = {"groupwise": "our groupwise kernels, as stored", "direct": "as stored"}.get(
+            kind, "DEQUANTIZED TO BF16 AT LOAD (no native kernel: bf16 memory and speed)"
+        )
+        bpw = 8 * nbytes[fmt] / weights[fmt]
+        print(
+            f"format        {fmt:<20} {count[fmt]:>5} objects {_size(nbytes[fmt]):>11}  {bpw:5.2f} bits/weight  {how}"
+        )
+    for comp in a.components:
+        info = a.tensor_infos(comp)
+        print(
+            f"component     {comp:<6} {len(info):>5} tensors loaded ({_size(sum(i.nbytes for i in info.values()))} in memory)"
+        )
+    slow = a.dequantized_on_load()
+    if slow:
+        print(f"dequantized   {len(slow)} tensors load as bf16 (e.g. {slow[0]})")
+    if a.unloaded:
+        groups = sorted({n.split("/")[0] for n in a.unloaded})
+        print(
+            f"not loaded    {len(a.unloaded)} parameters of {', '.join(groups)} (ninfer does not load these from a seed file)"
+        )
+    _inspect_formats(a, False)
+    if tensors:
+        for comp in a.components:
+            stored = a.stored_formats(comp)
+            for name, i in sorted(a.tensor_infos(comp).items()):
+                print(f"  {comp:<6} {name:<60} {'+'.join(stored[name]):<28} {i.dtype:<8} {list(i.shape)}")
+
+
+def _import(src: Path, out: Path, force: bool) -> Path:
+    """A seed file -> our artifact directory: groupwise tensors as their planes, the rest as loaded."""
+    from ninfer.artifact.reader import open_artifact
+    from ninfer.artifact.writer import ArtifactWriter
+    from ninfer.formats import QuantWeight
+
+    a = open_artifact(src)
+    if not a.manifest.created_by.startswith("seed "):
+        raise ArtifactError(
+            f"{src} is not a seed .ninfer file (import reads those; convert reads checkpoints)"
+        )
+    with ArtifactWriter(out, overwrite=force) as w:
+        w.profile = a.weight_profile if a.quantized else "bf16"
+        for comp in a.components:
+            cw = w.component(comp)
+            for name, t in a.load_tensors(comp).items():
+                cw.add_quantized(name, t) if isinstance(t, QuantWeight) else cw.add(name, t.contiguous())
+        w.write_json("config.json", a.config.to_dict())
+        w.write_json("generation.json", a.generation)
+        w.write_text("frontend/chat_template.jinja", a.chat_template)
+        w.copy_file("tokenizer/tokenizer.json", a.tokenizer_path)
+        for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
+            media = a.media_config(name)
+            if media is not None:
+                w.write_json(f"media/{name}", media)
+        return w.finish(a.manifest.identity)
 
 
 def _inspect_formats(a, tensors: bool) -> None:  # type: ignore[no-untyped-def]
@@ -84,7 +176,9 @@ def _inspect_formats(a, tensors: bool) -> None:  # type: ignore[no-untyped-def]
             counts[info.dtype] += 1
             bits += 8 * info.nbytes
             weights += numel
-    kinds = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: (kv[0] not in FORMATS, kv[0])))
+    kinds = ", ".join(
+        f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: (kv[0] not in FORMATS, kv[0]))
+    )
     bpw = f"{bits / weights:.2f} bits per weight" if weights else "no matrices"
     print(f"weights       profile {a.weight_profile}: {bpw} over the text and MTP matrices ({kinds})")
     if tensors:
@@ -134,6 +228,10 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="print identity, components, weight formats and config")
     i.add_argument("path", type=Path)
     i.add_argument("--tensors", action="store_true", help="also list every tensor's format and shape")
+    m = sub.add_parser("import", help="write our artifact directory from a seed system's .ninfer file")
+    m.add_argument("path", type=Path)
+    m.add_argument("out", type=Path)
+    m.add_argument("--force", action="store_true", help="replace OUT if it exists")
     v = sub.add_parser("verify", help="recompute digests and check shapes")
     v.add_argument("path", type=Path)
     y = sub.add_parser(
@@ -166,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             from ninfer.artifact.lm_head_draft import add_lm_head_draft
 
             out = add_lm_head_draft(args.path, args.size, corpus=args.corpus, frequencies=args.frequencies)
+        elif args.cmd == "import":
+            out = _import(args.path, args.out, args.force)
         elif args.cmd == "add-dflash":
             from ninfer.artifact.dflash import add_dflash
 
@@ -203,8 +303,10 @@ def main(argv: list[str] | None = None) -> int:
 
             out = build_demo(args.out, seed=args.seed, force=args.force)
     except ArtifactError as exc:
+        from ninfer.artifact.seed_container import SeedFormatError
+
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, SeedFormatError) else 1
     except (OSError, RuntimeError, ValueError) as exc:  # disk full, permissions, missing dependency
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

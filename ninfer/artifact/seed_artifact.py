@@ -1,0 +1,325 @@
+"""A seed-format `.ninfer` file opened as our `Artifact`: config, identity, frontend resources and
+the text / MTP tensors our model loads, assembled from the file's objects and bindings.
+
+- Groupwise-int objects (Q4 / Q5 / Q6 / W8, `row_split_k128_v1`) are our `QuantWeight` planes as
+  they lie in the file: a fused parent's rows are plane row-slices (views, no copy, no re-packing);
+  a routed-expert parent is an expert bank by reshape. Only a tensor whose rows come from two
+  parents of different formats (no such contract is published) is dequantized to bf16.
+- Direct objects (bf16 / fp32 / int32 / int64) load as they are (the GDN convolution transposed).
+- NVFP4 (matrices and expert banks), row-scaled FP8 and u4z8 objects have no kernel of ours: they
+  are dequantized on load to bf16 and run as bf16 weights (full bf16 memory and bandwidth); `inspect`
+  and the load log say so.
+- Vision, the DFlash drafters and the indexed proposal head of the file are not loaded (listed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ninfer.artifact.files import TensorInfo
+from ninfer.artifact.manifest import FORMAT_VERSION, ArtifactIdentity, Component, Manifest
+from ninfer.artifact.quant_store import QuantSpec
+from ninfer.artifact.reader import Artifact
+from ninfer.artifact.seed_container import FORMATS, Part, SeedFile, SeedFormatError, decode, read_seed_file
+from ninfer.artifact.seed_layouts import V2_MODELS, Target, bind, has_mtp, v2_bindings
+from ninfer.artifact.writer import generation_json
+from ninfer.formats.registry import format_of, plane_shapes
+from ninfer.model.config import TextConfig, UnknownArchitectureError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ninfer.formats import QuantWeight
+
+log = logging.getLogger("ninfer.artifact")
+NATIVE_KINDS = ("direct", "groupwise")  # loaded as stored; every other kind is dequantized to bf16
+_DTYPE_TAG = {"bf16": "BF16", "fp32": "F32", "int32": "I32", "int64": "I64"}
+_SIZES = {"BF16": 2, "F32": 4, "I32": 4, "I64": 8}
+
+
+@dataclass
+class SeedArtifact(Artifact):
+    """An opened seed container; `load_tensors` assembles our canonical tensors from its objects."""
+
+    seed: SeedFile | None = None
+    plan: dict[str, list[tuple[Target, tuple[Part, ...]]]] = field(default_factory=dict)
+    unloaded: list[str] = field(default_factory=list)  # logical parameters of components not loaded
+    frontend_dir: Path = Path()
+
+    @property
+    def sf(self) -> SeedFile:
+        assert self.seed is not None
+        return self.seed
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.frontend_dir / "tokenizer.json"
+
+    def media_config(self, name: str) -> dict[str, Any] | None:
+        ref = self.sf.resource_roles().get(name)
+        return None if ref is None else _json_resource(self.sf, ref)
+
+    def _component(self, name: str) -> dict[str, dict[str, TensorInfo]]:
+        if name not in self.plan:
+            raise SeedFormatError(f"{self.path}: no component {name!r} (has {list(self.plan)})")
+        return {self.path.name: self.tensor_infos(name)}
+
+    def stored_formats(self, component: str) -> dict[str, tuple[str, ...]]:
+        """Our tensor -> the seed formats of the objects it is made of."""
+        objs = self.sf.objects
+        return {
+            t.name: tuple(dict.fromkeys(objs[p.object].format for p in parts))
+            for t, parts in self.plan.get(component, [])
+        }
+
+    def dequantized_on_load(self) -> list[str]:
+        """Our tensors (all components) that are dequantized to bf16 because no kernel of ours runs
+        their stored format (NVFP4, row-scaled FP8, u4z8)."""
+        return [
+            name
+            for comp in self.plan
+            for name, fmts in self.stored_formats(comp).items()
+            if any(FORMATS[f].kind not in NATIVE_KINDS for f in fmts)
+        ]
+
+    def tensor_infos(self, component: str) -> dict[str, TensorInfo]:
+        if component not in self.plan:
+            raise SeedFormatError(f"{self.path}: no component {component!r} (has {list(self.plan)})")
+        out: dict[str, TensorInfo] = {}
+        quant = self.quantized.get(component, {})
+        for t, parts in self.plan[component]:
+            spec = quant.get(t.name)
+            if spec is not None:
+                fmt = format_of(spec.fmt)
+                nbytes = 0
+                for plane, shape in plane_shapes(spec.shape, fmt).items():
+                    per_row = shape[1] * (2 if plane == "scale" else 1)
+                    nbytes += shape[0] * per_row
+                out[t.name] = TensorInfo(dtype=fmt.name, shape=spec.shape, nbytes=nbytes)
+                continue
+            tag = _dense_tag(self.sf, parts)
+            n = 1
+            for d in t.shape:
+                n *= d
+            out[t.name] = TensorInfo(dtype=tag, shape=t.shape, nbytes=n * _SIZES[tag])
+        return out
+
+    def load_tensors(
+        self, component: str, device: str | torch.device = "cpu"
+    ) -> dict[str, torch.Tensor | QuantWeight]:
+        import torch
+
+        if component not in self.plan:
+            raise SeedFormatError(f"{self.path}: no component {component!r} (has {list(self.plan)})")
+        decoded: dict[str, dict[str, torch.Tensor]] = {}
+
+        def planes(name: str) -> dict[str, torch.Tensor]:
+            if name not in decoded:
+                decoded[name] = decode(self.sf, self.sf.objects[name])
+            return decoded[name]
+
+        out: dict[str, torch.Tensor | QuantWeight] = {}
+        quant = self.quantized.get(component, {})
+        slow = []
+        for t, parts in self.plan[component]:
+            if t.name in quant:
+                w: torch.Tensor | QuantWeight = self._quant(t, parts, quant[t.name], planes)
+            else:
+                w = self._dense(t, parts, planes)
+                if any(FORMATS[self.sf.objects[p.object].format].kind not in NATIVE_KINDS for p in parts):
+                    slow.append(t.name)
+            out[t.name] = w if torch.device(device).type == "cpu" else w.to(device)
+        if slow:
+            log.warning(
+                "%s: %d %s tensors stored as NVFP4 / row-scaled FP8 / u4z8 are dequantized to bf16 at load "
+                "(no kernel of ours runs those formats: bf16 memory and speed for them)",
+                self.path.name, len(slow), component,
+            )  # fmt: skip
+        return out
+
+    def _quant(self, t: Target, parts: tuple[Part, ...], spec: QuantSpec, planes: Any) -> QuantWeight:
+        """Row slices of the parents' planes (consecutive parts of one parent merged into one view)."""
+        from ninfer.formats.weight import QuantWeight, cat_rows
+
+        fmt = format_of(spec.fmt)
+        runs: list[tuple[str, int, int]] = []
+        for p in parts:
+            k = self.sf.objects[p.object].shape[-1]
+            if p.begin % k or p.end % k:
+                raise SeedFormatError(
+                    f"{self.path}: a binding of {t.name} takes elements [{p.begin}, {p.end}) of "
+                    f"{p.object!r}, not whole rows of its {k} columns"
+                )
+            r0, r1 = p.begin // k, p.end // k
+            if runs and runs[-1][0] == p.object and runs[-1][2] == r0:
+                runs[-1] = (p.object, runs[-1][1], r1)
+            else:
+                runs.append((p.object, r0, r1))
+        pieces = []
+        for name, r0, r1 in runs:
+            pl = planes(name)
+            high = pl.get("high")
+            k = self.sf.objects[name].shape[-1]
+            pieces.append(
+                QuantWeight(
+                    fmt,
+                    (r1 - r0, k),
+                    pl["base"][r0:r1],
+                    None if high is None else high[r0:r1],
+                    pl["scale"][r0:r1],
+                )
+            )
+        # two runs: the parent's row order differs from ours; concatenating the planes is a copy
+        w = pieces[0] if len(pieces) == 1 else cat_rows(pieces)
+        if w.shape != t.shape:  # an expert bank [E, N, K] over the parent's E * N rows
+            w = QuantWeight(fmt, t.shape, w.base, w.high, w.scale)
+        return w
+
+    def _dense(self, t: Target, parts: tuple[Part, ...], planes: Any) -> torch.Tensor:
+        import torch
+
+        tag = _dense_tag(self.sf, parts)
+        dtype = {"BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32, "I64": torch.int64}[tag]
+        flats = []
+        for p in parts:
+            obj = self.sf.objects[p.object]
+            kind = FORMATS[obj.format].kind
+            pl = planes(p.object)
+            if kind == "direct":
+                v = pl["values"].reshape(-1)
+            elif kind == "groupwise":  # a mixed-format concatenation (see the module docstring)
+                from ninfer.formats.weight import QuantWeight
+
+                fmt = format_of(obj.format)
+                v = (
+                    QuantWeight(fmt, obj.shape, pl["base"], pl.get("high"), pl["scale"])
+                    .dequantize()
+                    .reshape(-1)
+                )
+            else:
+                v = pl["dense"].reshape(-1)
+            flats.append(v[p.begin : p.end].to(dtype))
+        x = flats[0] if len(flats) == 1 else torch.cat(flats)
+        if t.transform == "conv":  # tap-major [taps, C] -> [C, 1, taps]
+            taps, c = t.sources[0][1]
+            return x.view(taps, c).t().contiguous().view(t.shape)
+        return x.view(t.shape)
+
+
+def _dense_tag(sf: SeedFile, parts: tuple[Part, ...]) -> str:
+    """The dtype a dense tensor of ours gets: its direct format when every part has that one, else bf16."""
+    fmts = {sf.objects[p.object].format for p in parts}
+    if len(fmts) == 1 and FORMATS[next(iter(fmts))].kind == "direct":
+        return _DTYPE_TAG[next(iter(fmts))]
+    return "BF16"
+
+
+def _json_resource(sf: SeedFile, name: str) -> dict[str, Any]:
+    try:
+        d = json.loads(sf.resource(name).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SeedFormatError(f"{sf.path}: resource {name!r} is not valid JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise SeedFormatError(f"{sf.path}: resource {name!r} is not a JSON object")
+    return d
+
+
+def _frontend_dir(sf: SeedFile, tokenizer: bytes) -> Path:
+    """A cache directory holding the file's tokenizer.json (our tokenizer loads from a path)."""
+    digest = hashlib.sha256(tokenizer).hexdigest()[:24]
+    root = Path(os.environ.get("NINFER_SEED_CACHE") or Path(tempfile.gettempdir()) / "ninfer-seed") / digest
+    target = root / "tokenizer.json"
+    if not target.is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".tokenizer.{os.getpid()}.tmp"
+        tmp.write_bytes(tokenizer)
+        tmp.replace(target)
+    return root
+
+
+def _config(sf: SeedFile, bindings: dict[str, tuple[Part, ...]], gen: dict[str, Any]) -> TextConfig:
+    if sf.version >= 3:
+        hf, where = sf.components["text"].config, "component 'text' config"
+    else:
+        if sf.model_id not in V2_MODELS:
+            raise SeedFormatError(
+                f"{sf.path}: unknown model_id {sf.model_id!r} (a v2 file carries no config; "
+                f"known: {', '.join(sorted(V2_MODELS))})"
+            )
+        hf, where = V2_MODELS[str(sf.model_id)], f"model {sf.model_id}"
+    try:
+        cfg = TextConfig.from_hf(hf, gen)
+    except UnknownArchitectureError as exc:
+        raise SeedFormatError(f"{sf.path}: {where}: {exc}") from None
+    except KeyError as exc:
+        raise SeedFormatError(f"{sf.path}: {where}: missing field {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise SeedFormatError(f"{sf.path}: {where}: invalid ({exc})") from None
+    mtp_layers = {n.split("/")[2] for n in bindings if n.startswith("mtp/layers/")}
+    return dataclasses.replace(cfg, mtp_num_hidden_layers=len(mtp_layers) if has_mtp(sf, bindings) else 0)
+
+
+def open_seed(path: str | Path) -> SeedArtifact:
+    """Open a seed container as an `Artifact` (every problem: `SeedFormatError`)."""
+    sf = read_seed_file(path)
+    roles = sf.resource_roles()
+    for need in ("tokenizer.json", "chat_template.jinja"):
+        if need not in roles:
+            raise SeedFormatError(f"{sf.path}: no {need} resource")
+    gen_cfg = _json_resource(sf, roles["generation_config.json"]) if "generation_config.json" in roles else {}
+    bindings = sf.bindings if sf.version >= 3 else v2_bindings(sf, _config(sf, {}, gen_cfg))
+    config = _config(sf, bindings, gen_cfg)
+    plan_list, unloaded = bind(sf, config, bindings, config.mtp_num_hidden_layers > 0)
+    plan: dict[str, list[tuple[Target, tuple[Part, ...]]]] = {}
+    quantized: dict[str, dict[str, QuantSpec]] = {}
+    for t, parts in plan_list:
+        plan.setdefault(t.component, []).append((t, parts))
+        fmts = {sf.objects[p.object].format for p in parts}
+        if len(fmts) == 1 and FORMATS[next(iter(fmts))].kind == "groupwise" and len(t.shape) >= 2:
+            quantized.setdefault(t.component, {})[t.name] = QuantSpec(
+                format_of(next(iter(fmts))).name, t.shape
+            )
+    try:
+        template = sf.resource(roles["chat_template.jinja"]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise SeedFormatError(f"{sf.path}: resource {roles['chat_template.jinja']!r} is not UTF-8") from None
+    model_id = sf.model_id or str(sf.components["text"].config.get("model_type", sf.path.stem))
+    identity = ArtifactIdentity(
+        model_id=model_id, family=config.family, display_name=model_id, source=sf.path.name
+    )
+    art = SeedArtifact(
+        path=sf.path,
+        manifest=Manifest(FORMAT_VERSION, identity, {}, {}, f"seed .ninfer v{sf.version}"),
+        config=config,
+        generation=generation_json(config.eos_token_ids, gen_cfg),
+        chat_template=template,
+        quantized=quantized,
+        weight_profile=sf.weights_id or "seed-v3",
+        seed=sf,
+        plan=plan,
+        unloaded=unloaded,
+        frontend_dir=_frontend_dir(sf, sf.resource(roles["tokenizer.json"])),
+    )
+    art.manifest = Manifest(
+        FORMAT_VERSION,
+        identity,
+        {
+            c: Component(
+                files=(sf.path.name,),
+                tensor_count=len(p),
+                bytes=sum(i.nbytes for i in art.tensor_infos(c).values()),
+            )
+            for c, p in plan.items()
+        },
+        {},
+        f"seed .ninfer v{sf.version}",
+    )
+    return art

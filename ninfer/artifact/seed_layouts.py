@@ -1,0 +1,270 @@
+"""What the seed system's container objects mean for our model: its logical parameter names, how a
+v2 file's fused parents split into them, and which of our canonical tensors each one becomes.
+
+The seed stores matrices that read one input as one parent (per its model artifact references):
+attention `query_key` = [query, key] and `gate_value` = [output gate, value] (the 27B groupwise
+contract), or `query_key_gate_value` (MTP, the 35B-A3B, single-format contracts); GDN `query_key`
+= [q, k] and `value_z` = [v, z], or `query_key_value_z`; GDN `a_b_projection` = [a, b]; MLP
+`gate_up` = [gate, up]; MoE `router_shared_gate` = [router, shared-expert gate], `routed_gate_up`
+= per expert [gate, up] rows, `routed_down` per expert rows, `shared_gate_up` = [gate, up]. v3 files
+carry these splits themselves as `bindings` (element ranges of the parents); for a v2 file
+`v2_bindings` derives the same logical names from the object names and the model geometry.
+
+Our side (`targets`): the query / gate halves are our `query_proj` / `gate_proj` (the split form a
+quantized artifact of ours also stores), GDN [q, k] is `in_proj_qk`, v `in_proj_v`, z `in_proj_z`;
+the routed experts of one layer are one bank `[E, 2I, H]` / `[E, H, I]` whose rows are exactly the
+parent's rows, so a groupwise bank is a reshape of the parent's planes (no copy). The GDN convolution
+is stored tap-major `[4, C]` and becomes our `[C, 1, 4]` (a transposing copy of a small tensor)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ninfer.artifact.seed_container import Part, SeedFile, SeedFormatError
+from ninfer.model.config import FULL, TextConfig
+
+# HF-style text configs of the model ids the seed registers for v2 files (no config inside them);
+# geometry from its `qwen3.6-27b-artifact.md` / `qwen3.6-35b-a3b-artifact.md` fact tables
+_ROPE = {"rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]}
+_DENSE_27B: dict[str, Any] = {
+    "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_size": 5120,
+    "vocab_size": 248320, "tie_word_embeddings": False, "num_hidden_layers": 64,
+    "layer_types": ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(64)],
+    "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "num_attention_heads": 24,
+    "num_key_value_heads": 4, "head_dim": 256, "rope_parameters": _ROPE, "linear_num_key_heads": 16,
+    "linear_key_head_dim": 128, "linear_num_value_heads": 48, "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4, "intermediate_size": 17408,
+}  # fmt: skip
+_MOE_35B: dict[str, Any] = {
+    **{k: v for k, v in _DENSE_27B.items() if k != "intermediate_size"},
+    "architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text", "hidden_size": 2048,
+    "num_hidden_layers": 40,
+    "layer_types": ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(40)],
+    "num_attention_heads": 16, "num_key_value_heads": 2, "linear_num_value_heads": 32,
+    "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+}  # fmt: skip
+V2_MODELS: dict[str, dict[str, Any]] = {
+    "qwen3.6-27b": _DENSE_27B,
+    "qwen3.8-27b": _DENSE_27B,
+    "qwen3.6-35b-a3b": _MOE_35B,
+}
+# logical names of components we do not load (listed by `inspect`, refused nowhere)
+NOT_LOADED = ("vision/", "dflash/", "dflash2/", "proposal/")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One canonical tensor of ours: its component, name and shape, the seed logical parameters whose
+    elements it concatenates (in order), and a transform ("" or "conv": tap-major [4, C] -> [C, 1, 4])."""
+
+    component: str
+    name: str
+    shape: tuple[int, ...]
+    sources: tuple[tuple[str, tuple[int, ...]], ...]  # (logical name, its shape)
+    transform: str = ""
+
+
+def _block_targets(c: TextConfig, comp: str, ours: str, seed: str, full: bool) -> list[Target]:
+    h, hd = c.hidden_size, c.head_dim
+    q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
+    out: list[Target] = []
+
+    def t(name: str, shape: tuple[int, ...], *src: tuple[str, tuple[int, ...]], transform: str = "") -> None:
+        out.append(Target(comp, ours + name, shape, tuple((seed + s, sh) for s, sh in src), transform))
+
+    t("input_layernorm.weight", (h,), ("input_norm", (h,)))
+    t("post_attention_layernorm.weight", (h,), ("post_attention_norm", (h,)))
+    if full:
+        a = "self_attn."
+        t(a + "query_proj.weight", (q, h), ("attention/query", (q, h)))
+        t(a + "gate_proj.weight", (q, h), ("attention/gate", (q, h)))
+        t(a + "k_proj.weight", (kv, h), ("attention/key", (kv, h)))
+        t(a + "v_proj.weight", (kv, h), ("attention/value", (kv, h)))
+        t(a + "o_proj.weight", (h, q), ("attention/output", (h, q)))
+        t(a + "q_norm.weight", (hd,), ("attention/query_norm", (hd,)))
+        t(a + "k_norm.weight", (hd,), ("attention/key_norm", (hd,)))
+    else:
+        g, kd, vd, nv = "linear_attn.", c.key_dim, c.value_dim, c.linear_num_value_heads
+        t(g + "in_proj_qk.weight", (2 * kd, h), ("gdn/query", (kd, h)), ("gdn/key", (kd, h)))
+        t(g + "in_proj_v.weight", (vd, h), ("gdn/value", (vd, h)))
+        t(g + "in_proj_z.weight", (vd, h), ("gdn/z", (vd, h)))
+        t(g + "in_proj_a.weight", (nv, h), ("gdn/a_projection", (nv, h)))
+        t(g + "in_proj_b.weight", (nv, h), ("gdn/b_projection", (nv, h)))
+        taps = c.linear_conv_kernel_dim
+        t(
+            g + "conv1d.weight",
+            (c.conv_dim, 1, taps),
+            ("gdn/convolution", (taps, c.conv_dim)),
+            transform="conv",
+        )
+        t(g + "dt_bias", (nv,), ("gdn/dt_bias", (nv,)))
+        t(g + "A_log", (nv,), ("gdn/a_log", (nv,)))
+        t(g + "norm.weight", (c.linear_value_head_dim,), ("gdn/norm", (c.linear_value_head_dim,)))
+        t(g + "out_proj.weight", (h, vd), ("gdn/output", (h, vd)))
+    if not c.is_moe:
+        i = int(c.intermediate_size or 0)
+        t("mlp.gate_proj.weight", (i, h), ("mlp/gate", (i, h)))
+        t("mlp.up_proj.weight", (i, h), ("mlp/up", (i, h)))
+        t("mlp.down_proj.weight", (h, i), ("mlp/down", (h, i)))
+        return out
+    e, ie, s = (
+        int(c.num_experts or 0),
+        int(c.moe_intermediate_size or 0),
+        int(c.shared_expert_intermediate_size or 0),
+    )
+    t("mlp.gate.weight", (e, h), ("moe/router", (e, h)))
+    t("mlp.shared_expert_gate.weight", (1, h), ("moe/shared_score", (1, h)))
+    gate_up = [(f"moe/experts/{x}/{p}", (ie, h)) for x in range(e) for p in ("gate", "up")]
+    t("mlp.experts.gate_up_proj", (e, 2 * ie, h), *gate_up)
+    t("mlp.experts.down_proj", (e, h, ie), *[(f"moe/experts/{x}/down", (h, ie)) for x in range(e)])
+    t("mlp.shared_expert.gate_proj.weight", (s, h), ("moe/shared/gate", (s, h)))
+    t("mlp.shared_expert.up_proj.weight", (s, h), ("moe/shared/up", (s, h)))
+    t("mlp.shared_expert.down_proj.weight", (h, s), ("moe/shared/down", (h, s)))
+    return out
+
+
+def targets(c: TextConfig, mtp: bool) -> list[Target]:
+    """Every text (and, with `mtp`, MTP) tensor of ours with the seed logical parameters it is made of."""
+    h, v = c.hidden_size, c.vocab_size
+    out = [
+        Target("text", "model.embed_tokens.weight", (v, h), (("text/token_embedding", (v, h)),)),
+        Target("text", "model.norm.weight", (h,), (("text/final_norm", (h,)),)),
+        Target("text", "lm_head.weight", (v, h), (("text/output_head", (v, h)),)),
+    ]
+    for i, kind in enumerate(c.layer_types):
+        out += _block_targets(c, "text", f"model.layers.{i}.", f"text/layers/{i}/", kind == FULL)
+    if mtp:
+        out += [
+            Target("mtp", "mtp.fc.weight", (h, 2 * h), (("mtp/input_projection", (h, 2 * h)),)),
+            Target("mtp", "mtp.pre_fc_norm_embedding.weight", (h,), (("mtp/embedding_norm", (h,)),)),
+            Target("mtp", "mtp.pre_fc_norm_hidden.weight", (h,), (("mtp/hidden_norm", (h,)),)),
+            Target("mtp", "mtp.norm.weight", (h,), (("mtp/final_norm", (h,)),)),
+        ]
+        for i in range(c.mtp_num_hidden_layers):
+            out += _block_targets(c, "mtp", f"mtp.layers.{i}.", f"mtp/layers/{i}/", True)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- v2 names
+_BLOCK = re.compile(r"(text/layers/(\d+)/|mtp/layer/)(.+)")
+_ACT_DIVISOR = "/input_scale_divisor"  # NVFP4 activation scalars: validation-only for a weight-only load
+
+
+def v2_bindings(sf: SeedFile, c: TextConfig) -> dict[str, tuple[Part, ...]]:
+    """The logical parameters of a v2 file: fused parents split by rows into the names v3 uses."""
+    h, hd = c.hidden_size, c.head_dim
+    q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
+    kd, vd, nv = c.key_dim, c.value_dim, c.linear_num_value_heads
+    out: dict[str, tuple[Part, ...]] = {}
+    splits: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {
+        "attention/query_key": ("attention/", (("query", q), ("key", kv))),
+        "attention/gate_value": ("attention/", (("gate", q), ("value", kv))),
+        "attention/query_key_gate_value": (
+            "attention/",
+            (("query", q), ("key", kv), ("gate", q), ("value", kv)),
+        ),
+        "gdn/query_key": ("gdn/", (("query", kd), ("key", kd))),
+        "gdn/value_z": ("gdn/", (("value", vd), ("z", vd))),
+        "gdn/query_key_value_z": ("gdn/", (("query", kd), ("key", kd), ("value", vd), ("z", vd))),
+        "gdn/a_b_projection": ("gdn/", (("a_projection", nv), ("b_projection", nv))),
+        "mlp/gate_up": (
+            "mlp/",
+            (("gate", int(c.intermediate_size or 0)), ("up", int(c.intermediate_size or 0))),
+        ),
+        "moe/router_shared_gate": ("moe/", (("router", int(c.num_experts or 0)), ("shared_score", 1))),
+        "moe/shared_gate_up": (
+            "moe/shared/",
+            (
+                ("gate", int(c.shared_expert_intermediate_size or 0)),
+                ("up", int(c.shared_expert_intermediate_size or 0)),
+            ),
+        ),
+    }
+    e, ie = int(c.num_experts or 0), int(c.moe_intermediate_size or 0)
+    for obj in sf.objects.values():
+        if obj.kind != "tensor" or obj.name.endswith(_ACT_DIVISOR):
+            continue
+        name = obj.name
+        whole = (Part(name, 0, obj.elements),)
+        m = _BLOCK.fullmatch(name)
+        if m is None:
+            if name in ("text/draft_head", "text/draft_head_token_ids"):
+                out["proposal/head" if name.endswith("draft_head") else "proposal/token_ids"] = whole
+            else:
+                out[name] = whole
+            continue
+        block = "mtp/layers/0/" if m[1] == "mtp/layer/" else m[1]
+        role = m[3]
+        rows: tuple[tuple[str, int], ...]
+        if role in splits:
+            prefix, rows = splits[role]
+            prefix = block + prefix
+        elif role == "moe/routed_gate_up":
+            prefix, rows = (
+                block + "moe/experts/",
+                tuple((f"{x}/{p}", ie) for x in range(e) for p in ("gate", "up")),
+            )
+        elif role == "moe/shared_down":
+            out[block + "moe/shared/down"] = whole
+            continue
+        elif role == "moe/routed_down":
+            prefix, rows = block + "moe/experts/", tuple((f"{x}/down", h) for x in range(e))
+        else:
+            out[block + role] = whole
+            continue
+        width = obj.shape[-1] if obj.shape else 1
+        total = sum(r for _, r in rows)
+        if len(obj.shape) != 2 or obj.shape[0] != total:
+            raise SeedFormatError(
+                f"{sf.path}: object {name!r}: shape {list(obj.shape)}, the model's fused rows are {total}"
+            )
+        cursor = 0
+        for sub, r in rows:
+            out[prefix + sub] = (Part(name, cursor * width, (cursor + r) * width),)
+            cursor += r
+    return out
+
+
+def has_mtp(sf: SeedFile, bindings: dict[str, tuple[Part, ...]]) -> bool:
+    """Whether the file carries the MTP head (v3: the component; v2: its objects)."""
+    if sf.version >= 3:
+        return "mtp" in sf.components
+    return any(n.startswith("mtp/") for n in bindings)
+
+
+def bind(
+    sf: SeedFile, c: TextConfig, bindings: dict[str, tuple[Part, ...]], mtp: bool
+) -> tuple[list[tuple[Target, tuple[Part, ...]]], list[str]]:
+    """Our tensors with the object parts they are made of, and the logical names left unloaded
+    (vision, DFlash, the proposal head). A missing parameter, a wrong element count, or a text / MTP
+    name our model does not have is a `SeedFormatError` naming it."""
+    plan: list[tuple[Target, tuple[Part, ...]]] = []
+    used: set[str] = set()
+    for t in targets(c, mtp):
+        parts: list[Part] = []
+        for logical, shape in t.sources:
+            got = bindings.get(logical)
+            if got is None:
+                raise SeedFormatError(f"{sf.path}: no binding for parameter {logical!r} (our {t.name})")
+            want = 1
+            for d in shape:
+                want *= d
+            have = sum(p.end - p.begin for p in got)
+            if have != want:
+                raise SeedFormatError(
+                    f"{sf.path}: parameter {logical!r} has {have} elements, the model's {list(shape)} has {want}"
+                )
+            used.add(logical)
+            parts.extend(got)
+        plan.append((t, tuple(parts)))
+    left = sorted(set(bindings) - used)
+    unknown = [n for n in left if not n.startswith(NOT_LOADED)]
+    if unknown:
+        raise SeedFormatError(
+            f"{sf.path}: parameter {unknown[0]!r} has no place in this {c.family} model"
+            + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
+        )
+    return plan, left

@@ -1,0 +1,256 @@
+"""The seed system's `.ninfer` container (v2 and v3): files built by `seed_writer` (its own encoders,
+no code shared with the reader) from a tiny random checkpoint. The engine on them equals transformers
+run on the writer's dequantized weights (fp32 CPU: logits within 1e-4, greedy tokens equal);
+groupwise parents load as views of the file; each broken container rule is refused with a message
+naming the object, and `inspect` / `ninfer-serve` exit 2 on it."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from hf_fixtures import make_hf_checkpoint
+
+from ninfer import LLM, SamplingParams
+from ninfer.artifact import open_artifact
+from ninfer.artifact.cli import main as artifact_main
+from ninfer.artifact.seed_container import SeedFormatError
+from ninfer.artifact.seed_layouts import V2_MODELS
+from tests.artifact.seed_writer import build
+
+MODEL_ID = "tiny-seed"
+PART_LIMIT = 6_000_000  # splits a tiny v3 file (its 15 MB tokenizer included) into three parts
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_hf_checkpoint(tmp_path_factory.mktemp("seed") / "hf", "dense", seed=3, with_mtp=True)
+
+
+@pytest.fixture(scope="module")
+def frontend() -> dict[str, Any]:
+    from ninfer.templates import read_template
+    from ninfer.text.builder import cached_tokenizer_json
+
+    return {"tokenizer": Path(cached_tokenizer_json()).read_bytes(), "template": read_template("qwen3_6")}
+
+
+@pytest.fixture(autouse=True)
+def tiny_model_id(hf_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A v2 file carries no config: its model id names one; the tiny checkpoint's is registered here."""
+    monkeypatch.setitem(V2_MODELS, MODEL_ID, json.loads((hf_dir / "config.json").read_text()))
+
+
+def _build(
+    hf_dir: Path, out: Path, version: int, recipe: str, frontend: dict[str, Any]
+) -> tuple[list[Path], dict]:
+    return build(hf_dir, out, version, recipe, model_id=MODEL_ID, limit=PART_LIMIT, **frontend)
+
+
+@pytest.mark.parametrize(
+    ("version", "recipe"), [(2, "groupwise"), (3, "groupwise"), (2, "nvfp4"), (3, "nvfp4")]
+)
+def test_engine_on_a_seed_file_matches_transformers(hf_dir, frontend, tmp_path, version, recipe) -> None:
+    from transformers import AutoModelForCausalLM
+
+    files, ref = _build(hf_dir, tmp_path / "m.ninfer", version, recipe, frontend)
+    assert (len(files) > 1) == (version == 3)  # v3: continuation parts, objects straddling them
+    art = open_artifact(files[0])
+    assert art.model_id == MODEL_ID and art.has_component("mtp")
+    if recipe == "groupwise":
+        text = art.load_tensors("text")
+        assert art.dequantized_on_load() == []
+        q, k = (
+            text["model.layers.3.self_attn.query_proj.weight"],
+            text["model.layers.3.self_attn.k_proj.weight"],
+        )
+        assert (
+            q.fmt.name == "q4_g64" and text["model.layers.3.self_attn.gate_proj.weight"].fmt.name == "q5_g64"
+        )
+        if version == 2:  # rows of one parent in the mapped file: the same storage, no copy
+            assert q.base.untyped_storage().data_ptr() == k.base.untyped_storage().data_ptr()
+    else:  # NVFP4 and row FP8 load as bf16: the reference takes the same rounding
+        assert "lm_head.weight" in art.dequantized_on_load()
+        exact = ("mtp.", "model.embed_tokens", "A_log", "dt_bias")  # W8 and fp32: loaded as stored
+        ref = {n: (t if any(e in n for e in exact) else t.bfloat16().float()) for n, t in ref.items()}
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    prompt = torch.randint(
+        0, hf.config.vocab_size, (60,), generator=torch.Generator().manual_seed(1)
+    ).tolist()
+    with torch.no_grad():
+        original = hf(torch.tensor([prompt])).logits[0]
+        missing, unexpected = hf.load_state_dict(
+            {n: t for n, t in ref.items() if not n.startswith("mtp.")}, strict=False
+        )
+        assert not unexpected and not missing
+        want = hf(torch.tensor([prompt])).logits[0]
+        want_gen = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)
+    assert (original - want).abs().max() / want.abs().max() > 1e-3  # the formats changed the model
+    llm = LLM(files[0])
+    got = llm.logits(prompt)
+    assert (got - want).abs().max() / want.abs().max() <= 1e-4
+    out = llm.generate([prompt], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))[0]
+    assert list(out.token_ids) == want_gen[0, len(prompt) :].tolist()
+
+
+def test_inspect_and_import(hf_dir, frontend, tmp_path, capsys) -> None:
+    files, _ = _build(hf_dir, tmp_path / "m.ninfer", 3, "nvfp4", frontend)
+    assert artifact_main(["inspect", str(files[0])]) == 0
+    shown = capsys.readouterr().out
+    assert "container v3" in shown and "nvfp4" in shown and "DEQUANTIZED TO BF16 AT LOAD" in shown
+    assert "bits/weight" in shown and "tokenizer.json" in shown
+    src = open_artifact(files[0])
+    assert artifact_main(["import", str(files[0]), str(tmp_path / "ours.ninfer")]) == 0
+    ours = open_artifact(tmp_path / "ours.ninfer")
+    assert ours.model_id == MODEL_ID and ours.chat_template == src.chat_template
+    a, b = src.load_tensors("text"), ours.load_tensors("text")
+    for name, t in a.items():
+        u = b[name]
+        assert torch.equal(
+            t.dequantize() if hasattr(t, "dequantize") else t,
+            u.dequantize() if hasattr(u, "dequantize") else u,
+        )
+    assert src.media_config("preprocessor_config.json") == ours.media_config("preprocessor_config.json")
+
+
+# ----------------------------------------------------------------------------------------- malformed
+def _rewrite(path: Path, edit) -> None:  # type: ignore[no-untyped-def]
+    """Edit the JSON directory in place, padding with spaces to its length (offsets stay valid)."""
+    raw = path.read_bytes()
+    hdr = 16 if raw[7] == 2 else 32
+    (n,) = struct.unpack_from("<Q", raw, 8)
+    doc = json.loads(raw[hdr : hdr + n])
+    edit(doc)
+    js = json.dumps(doc, separators=(",", ":")).encode()
+    assert len(js) <= n
+    path.write_bytes(raw[:hdr] + js + b" " * (n - len(js)) + raw[hdr + n :])
+
+
+@pytest.fixture(scope="module")
+def small_files(hf_dir, tmp_path_factory) -> dict[int, list[Path]]:
+    """v2 and v3 files with a one-byte tokenizer (malformations need no engine)."""
+    root = tmp_path_factory.mktemp("bad")
+    return {v: build(hf_dir, root / f"v{v}.ninfer", v, "groupwise", limit=200_000)[0] for v in (2, 3)}
+
+
+def _copy(files: list[Path], dst: Path) -> list[Path]:
+    dst.mkdir()
+    for f in files:
+        (dst / f.name).write_bytes(f.read_bytes())
+    return [dst / f.name for f in files]
+
+
+def _tensor(doc: dict, i: int = 0) -> dict:
+    return [o for o in doc["objects"] if o["kind"] == "tensor"][i]
+
+
+def _break_v2(rule: str, path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    if rule == "magic":
+        raw[:8] = b"GGUF\x00\x00\x00\x03"
+        path.write_bytes(bytes(raw))
+    elif rule == "v1":
+        raw[7] = 1
+        path.write_bytes(bytes(raw))
+    elif rule == "json-past-end":
+        raw[8:16] = struct.pack("<Q", len(raw))
+        path.write_bytes(bytes(raw))
+    elif rule == "truncated":
+        path.write_bytes(bytes(raw[: len(raw) - 100]))
+    elif rule == "overlap":
+        _rewrite(path, lambda d: _tensor(d, 1).update(offset=_tensor(d, 0)["offset"]))
+    elif rule == "unaligned":
+        _rewrite(path, lambda d: _tensor(d, 1).update(offset=_tensor(d, 1)["offset"] + 8))
+    elif rule == "format":
+        _rewrite(path, lambda d: _tensor(d, 1).update(format="Q3G64_F16S"))
+    elif rule == "bytes":
+        _rewrite(path, lambda d: _tensor(d, 1).update(bytes=_tensor(d, 1)["bytes"] - 2))
+    elif rule == "extra-member":
+        _rewrite(path, lambda d: _tensor(d, 1).update(source="hf"))
+    elif rule == "duplicate":
+        _rewrite(path, lambda d: _tensor(d, 1).update(name=_tensor(d, 0)["name"]))
+    elif rule == "missing-parameter":
+        _rewrite(path, lambda d: _tensor(d, 1).update(name="text/layers/0/unused"))
+
+
+V2_RULES = {
+    "magic": "bad magic", "v1": "version 1", "json-past-end": "runs past the end", "truncated": "run past",
+    "overlap": "overlaps", "unaligned": "aligned", "format": "unknown format", "bytes": "encoded size",
+    "extra-member": "unknown member 'source'", "duplicate": "used by two objects",
+    "missing-parameter": "no binding for parameter",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("rule", sorted(V2_RULES))
+def test_a_broken_v2_rule_is_refused_by_name(small_files, tmp_path, rule) -> None:
+    (path,) = _copy(small_files[2], tmp_path / "f")
+    _break_v2(rule, path)
+    with pytest.raises(SeedFormatError, match=V2_RULES[rule]):
+        open_artifact(path)
+
+
+def _break_v3(rule: str, files: list[Path]) -> None:
+    entry, last = files[0], files[-1]
+    if rule == "truncated-part":
+        last.write_bytes(last.read_bytes()[:-1])
+    elif rule == "missing-part":
+        last.unlink()
+    elif rule == "foreign-part":
+        raw = bytearray(last.read_bytes())
+        raw[16:32] = bytes(16)
+        last.write_bytes(bytes(raw))
+    elif rule == "part-index":
+        raw = bytearray(last.read_bytes())
+        raw[8:16] = struct.pack("<Q", 1 if len(files) > 2 else 7)
+        last.write_bytes(bytes(raw))
+    elif rule == "binding-object":
+        _rewrite(entry, lambda d: d["bindings"].update({"text/final_norm": {"object": "nowhere"}}))
+    elif rule == "binding-range":
+
+        def far(d: dict) -> None:
+            d["bindings"]["text/layers/3/attention/key"]["parts"][0]["range"][1] = 10**9
+
+        _rewrite(entry, far)
+    elif rule == "use":
+        _rewrite(entry, lambda d: d["uses"].append({"parameter": "text/none", "input": "x"}))
+    elif rule == "root-member":
+        _rewrite(entry, lambda d: d.update(extensions={}))
+    elif rule == "resource-ref":
+        _rewrite(
+            entry,
+            lambda d: d["components"]["text"]["resources"].update({"tokenizer.json": "text/final_norm"}),
+        )
+
+
+V3_RULES = {
+    "truncated-part": "truncated part", "missing-part": "missing", "foreign-part": "another artifact",
+    "part-index": "part index", "binding-object": "not a tensor object", "binding-range": "not inside",
+    "use": "has no binding", "root-member": "unknown member 'extensions'", "resource-ref": "not a resource object",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("rule", sorted(V3_RULES))
+def test_a_broken_v3_rule_is_refused_by_name(small_files, tmp_path, rule) -> None:
+    files = _copy(small_files[3], tmp_path / "f")
+    assert len(files) > 1
+    _break_v3(rule, files)
+    with pytest.raises(SeedFormatError, match=V3_RULES[rule]):
+        open_artifact(files[0])
+
+
+def test_inspect_and_serve_exit_2_on_a_broken_file(small_files, tmp_path) -> None:
+    (path,) = _copy(small_files[2], tmp_path / "f")
+    _break_v2("overlap", path)
+    assert artifact_main(["inspect", str(path)]) == 2
+    serve = Path(sys.executable).with_name("ninfer-serve")
+    run = subprocess.run([str(serve), str(path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert "overlaps" in run.stderr and "object" in run.stderr
