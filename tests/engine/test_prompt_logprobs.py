@@ -69,7 +69,14 @@ def test_score_blocks_agree_and_targets_bound() -> None:
     targets = [int(t) for t in torch.randint(0, 50, (9,), generator=g)]
     whole = score_positions(lambda h: h @ w.T, hidden, targets, 4, block=64)
     blocks = score_positions(lambda h: h @ w.T, hidden, targets, 4, block=3)
-    assert [(x.token_id, x.logprob, x.top) for x in whole] == [(x.token_id, x.logprob, x.top) for x in blocks]
+    # the same ids and ranks; the values within float rounding (a matmul over 3 rows may round
+    # differently from one over 10: BLAS picks its kernel by shape)
+    assert [(x.token_id, [t for t, _ in x.top]) for x in whole] == [
+        (x.token_id, [t for t, _ in x.top]) for x in blocks
+    ]
+    for a, b in zip(whole, blocks, strict=True):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
+        assert [v for _, v in a.top] == pytest.approx([v for _, v in b.top], abs=1e-5)
     ref = torch.log_softmax(hidden @ w.T, dim=-1)
     assert [x.logprob for x in whole] == pytest.approx([float(ref[i, t]) for i, t in enumerate(targets)])
     with pytest.raises(ValueError, match="targets"):
