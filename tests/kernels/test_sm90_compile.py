@@ -292,7 +292,10 @@ def recorded() -> Recorder:
 
 @pytest.fixture(scope="module")
 def compiled(recorded: Recorder) -> list[CompileResult]:
-    return compile_variants(list(recorded.variants))
+    """Every variant a bf16 call launches. Variants only fp32 calls launch (fp32 models are a test
+    configuration, never served on a GPU: a quarter of the variants) are recorded, so their wrappers
+    run, but compiled only where they run: the kernel tests on the GPU (TRITON_INTERPRET=0)."""
+    return compile_variants([v for v, labels in recorded.variants.items() if not _fp32_only(labels)])
 
 
 def test_every_package_kernel_was_launched(recorded: Recorder) -> None:
@@ -329,12 +332,11 @@ def _fp32_only(labels: list[str]) -> bool:
 def test_every_variant_compiles_for_sm90_within_limits(
     recorded: Recorder, compiled: list[CompileResult]
 ) -> None:
-    """Compiles, fits shared memory and registers; no spills, except in variants only fp32 calls launch
-    (fp32 models are a test configuration: a spill there costs time, never a wrong result)."""
+    """Compiles, fits shared memory and registers; no spills."""
     bad = []
     for r in compiled:
         labels = recorded.variants[r.variant]
-        problems = [p for p in r.problems() if not (p.startswith("register spills") and _fp32_only(labels))]
+        problems = r.problems()
         if problems:
             bad.append(f"{r.variant.label()} [{'; '.join(labels[:3])}]: {'; '.join(problems)}")
     assert not bad, "\n".join(bad)

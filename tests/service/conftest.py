@@ -204,9 +204,11 @@ def stop_server(server: Server, timeout_s: float = 30.0) -> int:
         return -9
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory, demo_cache: Path) -> Iterator[Server]:
-    """The real engine over the demo artifact (max_concurrency 2, max_pending 2, context 512)."""
+    """The real engine over the demo artifact (max_concurrency 2, max_pending 2, context 512), one
+    per test process: modules read its request log and metrics from their own start
+    (`Tally.log0`, deltas), never from the server's."""
     srv = start_server(tmp_path_factory.mktemp("srv"), REAL_OVERRIDES, demo_cache)
     yield srv
     assert stop_server(srv) == 0, srv.stderr_path.read_text()[-3000:]
