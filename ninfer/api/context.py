@@ -23,6 +23,7 @@ class ApiContext:
 
     vision: bool = False
     model_id: str | None = None
+    max_context: int = 0  # the engine's context ceiling (prompt + output), once loaded
     pipeline: Pipeline | None = None
     response_store: ResponseStore | None = None  # sized from server.response_store_max_*
     draining: bool = False

@@ -48,12 +48,6 @@ class ClientDisconnected(ApiError):
         super().__init__(499, "client_disconnected", "the client closed the connection before the answer")
 
 
-@dataclass(frozen=True)
-class PipelineConfig:
-    max_context: int
-    default_max_tokens: int
-
-
 def context_error(prompt_tokens: int, max_context: int) -> ApiError:
     return ApiError(
         400,
@@ -95,13 +89,11 @@ class Pipeline:
         engine: EnginePort,
         prompts: PromptPort,
         observer: Observer,
-        config: PipelineConfig,
         next_id: Callable[[], int],
     ) -> None:
         self.engine = engine
         self.prompts = prompts
         self.observer = observer
-        self.config = config
         self._next_id = next_id
 
     def _check_constraint(self, job: GenerationJob) -> GenerationJob:
@@ -158,12 +150,9 @@ class Pipeline:
                 prepared = Prepared(job.raw_prompt, thinking=False, preserve_thinking=False, effort=None)
             else:
                 prepared = self.prompts.prepare(job.conversation, job.controls, tools, ticket.deadline)
-            room = self.config.max_context - len(prepared.token_ids)
-            if room <= 0:
-                raise context_error(len(prepared.token_ids), self.config.max_context)
-            given = job.params.max_tokens if job.max_tokens_given else None
-            wanted = given if given is not None else self.config.default_max_tokens
-            params = replace(job.params, max_tokens=min(wanted, room))
+            # the engine resolves the entitlement (the default, within the context left) and
+            # refuses a prompt that leaves no room (ContextLengthExceeded -> context_error)
+            params = replace(job.params, max_tokens=job.params.max_tokens if job.max_tokens_given else None)
             request = GenerationRequest(
                 request_id=str(request_id),
                 prompt_ids=prepared.token_ids,

@@ -88,6 +88,9 @@ class RequestStats:
     """Counters the request log reports for one request (filled by the engine)."""
 
     prompt_tokens: int = 0
+    # the output entitlement, resolved once at intake: the request's max_tokens (or the engine's
+    # default) within the context the prompt leaves
+    max_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
     computed_prefill_tokens: int = 0

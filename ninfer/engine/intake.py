@@ -84,7 +84,7 @@ def prepare(
     stats = RequestStats(prompt_tokens=len(prompt), resolved_sampling=resolved.as_dict(), seed=resolved.seed)
     if spec is not None:
         stats.speculative = spec_counters.new_counters(spec.backend, spec.k)
-    entitlement = min(max_tokens, ctx - len(prompt))
+    entitlement = stats.max_tokens = min(max_tokens, ctx - len(prompt))
     constraint: TokenConstraint | None = None
     if request.constraint is not None:
         if grammars is None:

@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 from ninfer.api.errors import ApiError
 from ninfer.api.events import Finished, GenerationJob, ReasoningDelta, TextDelta
-from ninfer.api.pipeline import Pipeline, PipelineConfig
+from ninfer.api.pipeline import Pipeline
 from ninfer.api.ports import Prepared
 from ninfer.config import Settings
 from ninfer.engine.api import GenerationRequest, RequestStats
@@ -167,8 +167,7 @@ def run(settings: Settings, body: dict[str, Any], prog: str, out: TextIO, err: T
                 return EXIT_FAILED
             load_s = progress.done("ready")
         outcome = Outcome()
-        config = PipelineConfig(settings.engine.max_context, settings.engine.default_max_tokens)
-        pipeline = Pipeline(engine, prompts, _Observer(outcome), config, itertools.count(1).__next__)
+        pipeline = Pipeline(engine, prompts, _Observer(outcome), itertools.count(1).__next__)
         try:
             gen = pipeline.open(job)
         except ApiError as exc:

@@ -227,7 +227,11 @@ class _SchedulerCollector(Collector):
             "ninfer_ready", "1 once the engine is loaded and serving", 1.0 if engine is not None else 0.0
         )
         stats = (engine.cold_tier_stats() if engine is not None else None) or {}
-        yield gauge("ninfer_cold_tier_active", "1 when the cold tier (secondary GPUs or host memory) is on", 1.0 if stats else 0.0)
+        yield gauge(
+            "ninfer_cold_tier_active",
+            "1 when the cold tier (secondary GPUs or host memory) is on",
+            1.0 if stats else 0.0,
+        )
         for key in COLD_TIER_GAUGES:
             yield gauge(
                 f"ninfer_cold_tier_{key}", f"Cold tier {key.replace('_', ' ')}", float(stats.get(key, 0))

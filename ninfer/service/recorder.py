@@ -77,13 +77,17 @@ def phase_seconds(prepare_s: float, stats: RequestStats) -> dict[str, float]:
 
 
 def _config(
-    job: GenerationJob, request: GenerationRequest | None, prepared: Prepared | None
+    job: GenerationJob,
+    request: GenerationRequest | None,
+    prepared: Prepared | None,
+    stats: RequestStats | None = None,
 ) -> dict[str, Any]:
     params = request.params if request is not None else job.params
     return {
         "protocol": job.protocol,
         "stream": job.stream,
-        "max_tokens": params.max_tokens,
+        # the engine's resolved entitlement once submitted; the request's own value before
+        "max_tokens": stats.max_tokens if stats is not None else params.max_tokens,
         "requested_sampling": {
             k: v for k, v in asdict(params).items() if k not in ("stop", "stop_token_ids", "max_tokens")
         },
@@ -163,7 +167,7 @@ class Recorder:
     ) -> None:
         self._count("started")
         self._count_compat(job)
-        config = _config(job, request, prepared)
+        config = _config(job, request, prepared, stats)
         with self._lock:
             self._configs[request_id] = config
         self.log.emit(
@@ -179,7 +183,7 @@ class Recorder:
             seed=stats.seed,
             **config,
         )
-        self.tracing.request_started(request_id, job, prepared, request)
+        self.tracing.request_started(request_id, job, prepared, stats.max_tokens)
 
     def done(self, request_id: int, job: GenerationJob, summary: dict[str, Any], stats: RequestStats) -> None:
         self._count("done")

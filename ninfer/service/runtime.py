@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ninfer.api.context import ApiContext
-from ninfer.api.pipeline import Pipeline, PipelineConfig
+from ninfer.api.pipeline import Pipeline
 from ninfer.api.responses.store import ResponseStore
 from ninfer.config import Settings
 from ninfer.service.console import logger
@@ -165,9 +165,9 @@ class ServiceRuntime:
         # CPU or a failed capture: no graphs, no seconds claimed
         capture_s = graphs.capture_s if graphs is not None and graphs.batch_sizes else None
         compile_report = cache.report(compile_s=capture_s)
-        config = PipelineConfig(self.options.max_context, self.options.default_max_tokens)
-        pipeline = Pipeline(engine, prompts, self.recorder, config, self.next_request_id)
+        pipeline = Pipeline(engine, prompts, self.recorder, self.next_request_id)
         self.ctx.model_id = self.options.model_id or artifact.model_id
+        self.ctx.max_context = self.options.max_context
         self._server_start(engine, path, artifact, compile_report)
         self.ctx.pipeline = pipeline
         media_bytes = media.preparer.cache if media is not None else None  # live / retained media bytes

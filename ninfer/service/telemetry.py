@@ -17,7 +17,6 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from ninfer.api.events import GenerationJob
 from ninfer.api.ports import Prepared
-from ninfer.engine.api import GenerationRequest
 from ninfer.service.request_id import client_request_id
 
 EXPORTERS = ("none", "console", "otlp")
@@ -71,7 +70,7 @@ class Tracing:
         return self.tracer is not None
 
     def request_started(
-        self, request_id: int, job: GenerationJob, prepared: Prepared, request: GenerationRequest
+        self, request_id: int, job: GenerationJob, prepared: Prepared, max_tokens: int
     ) -> None:
         if self.tracer is None:
             return
@@ -81,7 +80,7 @@ class Tracing:
         span.set_attribute("ninfer.request_id", request_id)
         span.set_attribute("gen_ai.operation.name", "chat")
         span.set_attribute("gen_ai.request.model", self.model_id() or "")
-        span.set_attribute("gen_ai.request.max_tokens", request.params.max_tokens)
+        span.set_attribute("gen_ai.request.max_tokens", max_tokens)  # the engine's resolved entitlement
         span.set_attribute("gen_ai.request.stream", bool(job.stream))
         span.set_attribute("gen_ai.usage.input_tokens", len(prepared.token_ids))
         with self._lock:

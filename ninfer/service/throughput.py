@@ -107,7 +107,9 @@ class ThroughputReporter:
                 **media,
             }
             tier = self.engine.cold_tier_stats()
-            if tier is not None:  # the cold tier (secondary GPUs or host memory) is active: counters and arena occupancy
+            if (
+                tier is not None
+            ):  # the cold tier (secondary GPUs or host memory) is active: counters and arena occupancy
                 event["cold_tier"] = tier
             self.log.emit("throughput", **event)
         logger().info(

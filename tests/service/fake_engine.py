@@ -14,7 +14,14 @@ import time
 from typing import Any
 
 from ninfer.bootstrap import engine_config
-from ninfer.engine.api import ConstraintSpec, GenerationRequest, QueueTimeout, RequestStats, StepOutput
+from ninfer.engine.api import (
+    ConstraintSpec,
+    ContextLengthExceeded,
+    GenerationRequest,
+    QueueTimeout,
+    RequestStats,
+    StepOutput,
+)
 from ninfer.engine.counters import Counters
 from ninfer.engine.grammar import GrammarUnavailable
 from ninfer.engine.handle import RequestHandle
@@ -50,7 +57,13 @@ class ScriptRun:
         self.engine, self.ticket, self.request = engine, ticket, request
         prompt = engine.tokenizer.decode(list(request.prompt_ids))
         self.reply = script(engine.tokenizer, prompt, request.thinking)
-        stats = RequestStats(prompt_tokens=len(request.prompt_ids))
+        # the entitlement as the engine's intake resolves it: the default within the context left
+        ctx, n = engine.config.max_context, len(request.prompt_ids)
+        if n + 1 > ctx:
+            raise ContextLengthExceeded(n, ctx)
+        wanted = request.params.max_tokens
+        self.limit = min(engine.config.default_max_tokens if wanted is None else wanted, ctx - n)
+        stats = RequestStats(prompt_tokens=n, max_tokens=self.limit)
         end = frozenset({self.reply[-1]})
         self.stops = StopChecker(end, request.params.stop, IncrementalDetokenizer(engine.tokenizer))
         self.cancelled = threading.Event()
@@ -74,7 +87,7 @@ class ScriptRun:
             eng.lanes.release()
 
     def _generate(self) -> None:
-        limit = self.request.params.max_tokens or len(self.reply)
+        limit = self.limit
         for i, token in enumerate(self.reply):
             if self.cancelled.is_set():
                 self.handle._put(StepOutput((), "cancelled"))

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from ninfer.api.context import ApiContext
 from ninfer.api.json_body import MAX_DEPTH
-from ninfer.api.pipeline import Pipeline, PipelineConfig
+from ninfer.api.pipeline import Pipeline
 from ninfer.api.prompting import FrontendPrompts
 from ninfer.artifact import ensure_demo_artifact, open_artifact
 from ninfer.config import load_settings
@@ -316,7 +316,7 @@ def app() -> Iterator[tuple[falcon.testing.TestClient, Faults]]:
         artifact.chat_template, Tokenizer.from_file(artifact.tokenizer_path), ServerDefaults()
     )
     ids = itertools.count(1)
-    pipeline = Pipeline(engine, prompts, NullObserver(), PipelineConfig(512, 2), lambda: next(ids))
+    pipeline = Pipeline(engine, prompts, NullObserver(), lambda: next(ids))
     ctx = ApiContext(model_id=MODEL, pipeline=pipeline)
     client = falcon.testing.TestClient(
         create_app(ctx, lambda: (200, {"status": "ok"}), api_key=None, cors=False, max_request_bytes=1 << 20)

@@ -13,7 +13,7 @@ import pytest
 from fake_engine import FakeEngine
 
 from ninfer.api.context import ApiContext
-from ninfer.api.pipeline import Pipeline, PipelineConfig
+from ninfer.api.pipeline import Pipeline
 from ninfer.api.prompting import FrontendPrompts
 from ninfer.api.responses.store import ResponseStore
 from ninfer.artifact import ensure_demo_artifact, open_artifact
@@ -43,7 +43,7 @@ def app_parts() -> Iterator[tuple[falcon.testing.TestClient, ResponseStore]]:
         artifact.chat_template, Tokenizer.from_file(artifact.tokenizer_path), ServerDefaults()
     )
     ids = itertools.count(1)
-    pipeline = Pipeline(engine, prompts, NullObserver(), PipelineConfig(512, 64), lambda: next(ids))
+    pipeline = Pipeline(engine, prompts, NullObserver(), lambda: next(ids))
     ctx = ApiContext(model_id=MODEL, pipeline=pipeline)
     store = ResponseStore(max_records=2, max_mib=1)
     ctx.response_store = store  # type: ignore[attr-defined]

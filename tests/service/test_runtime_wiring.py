@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from falcon import testing
 
-from ninfer.api.pipeline import Pipeline, PipelineConfig
+from ninfer.api.pipeline import Pipeline
 from ninfer.config.loader import load_settings
 from ninfer.engine.api import EngineError, GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
@@ -55,7 +55,6 @@ def test_health_reports_an_engine_thread_failure_and_requests_fail_at_once() -> 
         engine,
         OptionsOnly(),  # type: ignore[arg-type]
         runtime.recorder,
-        PipelineConfig(256, 16),
         runtime.next_request_id,
     )
     client = testing.TestClient(

@@ -297,7 +297,7 @@ def test_messages_errors_name_the_field(patch: dict[str, Any], param: str) -> No
 
 
 def test_an_engine_that_cannot_constrain_drops_only_a_compat_auto_constraint() -> None:
-    from ninfer.api.pipeline import Pipeline, PipelineConfig
+    from ninfer.api.pipeline import Pipeline
 
     class NoGrammars:  # an engine without a tokenizer: compiles nothing
         def check_constraint(self, spec: Any) -> None:
@@ -305,7 +305,7 @@ def test_an_engine_that_cannot_constrain_drops_only_a_compat_auto_constraint() -
 
             raise GrammarUnavailable(spec.param, "needs an engine with a tokenizer")
 
-    pipeline = Pipeline(NoGrammars(), None, None, PipelineConfig(64, 16), lambda: 1)  # type: ignore[arg-type]
+    pipeline = Pipeline(NoGrammars(), None, None, lambda: 1)  # type: ignore[arg-type]
     strict = [{**MSG_TOOL, "strict": True}]
     job = messages_request.parse({**MESSAGES, "tools": strict}, ApiContext(client_compat=True)).job
     assert job.constraint is not None and job.constraint_fallback

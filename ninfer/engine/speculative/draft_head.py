@@ -21,7 +21,11 @@ class DraftHead:
     """
 
     def __init__(
-        self, token_ids: torch.Tensor, weight: torch.Tensor | QuantWeight, vocab_size: int, ops: Ops | None = None
+        self,
+        token_ids: torch.Tensor,
+        weight: torch.Tensor | QuantWeight,
+        vocab_size: int,
+        ops: Ops | None = None,
     ) -> None:
         n = token_ids.shape[0]
         if token_ids.dim() != 1 or len(weight.shape) != 2 or weight.shape[0] != n or n == 0:
