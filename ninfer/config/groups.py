@@ -254,6 +254,15 @@ class ServerSettings(BaseSettings):
     body_timeout_s: Float = Field(60.0, gt=0.0, le=3600.0, allow_inf_nan=False)
     keepalive_s: Int = Field(5, ge=1, le=3600)
 
+    @property
+    def api_key_value(self) -> str | None:
+        """The API key's value (None: no authentication)."""
+        return self.api_key.get_secret_value() or None if self.api_key is not None else None
+
+    @property
+    def max_request_bytes(self) -> int:
+        return self.max_request_mib * 1024 * 1024
+
 
 class SamplingSettings(BaseSettings):
     """Process-level sampler overrides (None keeps the model's registered value) and thinking defaults."""

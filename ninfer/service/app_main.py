@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 from ninfer.config import Settings
 from ninfer.service import console
-from ninfer.service.options import ServiceOptions, from_settings
 from ninfer.service.request_log import RequestLog, RequestLogError, new_server_instance_id
 from ninfer.service.telemetry import TelemetryError, make_exporter
 
@@ -19,20 +18,20 @@ EXIT_STARTUP = 1
 EXIT_USAGE = 2  # settings the artifact cannot honour, an artifact that cannot be opened
 
 
-def preflight(options: ServiceOptions) -> None:
+def preflight(settings: Settings) -> None:
     """Refuse an unusable request log or tracing exporter before any worker starts."""
-    RequestLog(options.request_log_path, "preflight", options.artifact).close()
-    make_exporter(options.trace_exporter, options.otlp_endpoint)
+    RequestLog(settings.logging.request_log_jsonl, "preflight", settings.model.artifact).close()
+    make_exporter(settings.telemetry.exporter, settings.telemetry.otlp_endpoint)
 
 
-def check_artifact(settings: Settings, options: ServiceOptions) -> None:
+def check_artifact(settings: Settings) -> None:
     """Open the artifact (manifest and headers; no weights are read) and refuse every setting it
     cannot honour, before the port is bound: the worker would otherwise fail after it."""
     from ninfer.artifact import ensure_demo_artifact, open_artifact
     from ninfer.config import check_artifact_settings
     from ninfer.config.errors import ConfigError
 
-    artifact = open_artifact(options.artifact or str(ensure_demo_artifact()))
+    artifact = open_artifact(settings.model.artifact or str(ensure_demo_artifact()))
     check_artifact_settings(settings, artifact)
     if artifact.quantized:
         from ninfer.bootstrap import unsupported_formats
@@ -54,23 +53,22 @@ def serve(
     from ninfer.service.gunicorn_app import NinferApplication
     from ninfer.service.runtime import ServiceRuntime, default_engine_factory
 
-    options = from_settings(settings)
-    console.setup(options.log_level)
+    console.setup(settings.logging.level)
     args = list(sys.argv if argv is None else argv)
     prog = args[0] if args else "ninfer"
     try:
-        preflight(options)
+        preflight(settings)
     except (RequestLogError, TelemetryError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_STARTUP) from None
     try:
-        check_artifact(settings, options)
+        check_artifact(settings)
     except (ConfigError, ArtifactError) as exc:
         print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
     instance_id = new_server_instance_id()
 
     def runtime_factory() -> ServiceRuntime:
-        return ServiceRuntime(settings, options, instance_id, args, engine_factory or default_engine_factory)
+        return ServiceRuntime(settings, instance_id, args, engine_factory or default_engine_factory)
 
-    NinferApplication(options, runtime_factory).run()
+    NinferApplication(settings, runtime_factory).run()

@@ -14,8 +14,9 @@ from typing import Any
 from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 
+from ninfer.config import Settings
 from ninfer.service.console import ConsoleFormatter, logger
-from ninfer.service.options import ServiceOptions
+from ninfer.service.options import worker_threads
 from ninfer.service.reader_worker import ReaderTimeouts, worker_class
 
 WORKER_CONNECTIONS = 4096  # idle and slow connections cost a descriptor and a buffer, not a thread
@@ -56,35 +57,35 @@ def _worker_exit(server: Any, worker: Any) -> None:
 class NinferApplication(BaseApplication):
     """Never parses argv nor reads gunicorn.conf.py: the settings are the only configuration."""
 
-    def __init__(self, options: ServiceOptions, runtime_factory: RuntimeFactory) -> None:
-        self.options = options
+    def __init__(self, settings: Settings, runtime_factory: RuntimeFactory) -> None:
+        self.settings = settings
         self.runtime_factory = runtime_factory
         self.runtime: Any = None
         super().__init__()
 
     def load_config(self) -> None:
-        opts = self.options
+        server = self.settings.server
         values: dict[str, Any] = {
-            "bind": [f"{opts.host}:{opts.port}"],
+            "bind": [f"{server.host}:{server.port}"],
             "workers": 1,
             "worker_class": worker_class(
                 ReaderTimeouts(
-                    header_s=opts.header_timeout_s,
-                    body_s=opts.body_timeout_s,
-                    max_body_bytes=opts.max_request_bytes,
-                    buffer_budget=max(MIN_BUFFER_BUDGET, 2 * opts.max_request_bytes),
+                    header_s=server.header_timeout_s,
+                    body_s=server.body_timeout_s,
+                    max_body_bytes=server.max_request_bytes,
+                    buffer_budget=max(MIN_BUFFER_BUDGET, 2 * server.max_request_bytes),
                 )
             ),
-            "threads": opts.threads,
+            "threads": worker_threads(self.settings),
             "worker_connections": WORKER_CONNECTIONS,
             "preload_app": False,
             "timeout": 60,
-            "graceful_timeout": int(opts.drain_timeout_s) + 5,
-            "keepalive": opts.keepalive_s,
+            "graceful_timeout": int(server.drain_timeout_s) + 5,
+            "keepalive": server.keepalive_s,
             "max_requests": 0,
             "accesslog": None,
             "errorlog": "-",
-            "loglevel": opts.log_level.lower(),
+            "loglevel": self.settings.logging.level.lower(),
             "logger_class": ConsoleLogger,
             "post_worker_init": _post_worker_init,
             "worker_exit": _worker_exit,
@@ -108,16 +109,16 @@ class NinferApplication(BaseApplication):
         self.runtime = runtime
         runtime.on_failed = _exit_boot_error
         runtime.start()
-        opts = self.options
+        server = self.settings.server
         app = create_app(
             runtime.ctx,
             runtime.health,
-            api_key=opts.api_key,
-            cors=opts.cors,
-            max_request_bytes=opts.max_request_bytes,
+            api_key=server.api_key_value,
+            cors=server.cors,
+            max_request_bytes=server.max_request_bytes,
             liveness=runtime.liveness,
             metrics=runtime.metrics.render,
-            metrics_open=opts.metrics_open,
+            metrics_open=server.metrics_open,
             observe_http=runtime.metrics.observe_http,
         )
         return RequestIdMiddleware(TracingMiddleware(RouterCompatMiddleware(app), runtime.tracing))

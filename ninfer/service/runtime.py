@@ -17,7 +17,7 @@ from ninfer.config import Settings
 from ninfer.service.console import logger
 from ninfer.service.engine_view import EngineView
 from ninfer.service.metrics import ServiceMetrics
-from ninfer.service.options import ServiceOptions
+from ninfer.service.options import worker_threads
 from ninfer.service.recorder import Recorder
 from ninfer.service.request_log import RequestLog, redact_argv
 from ninfer.service.telemetry import Tracing
@@ -44,26 +44,26 @@ class ServiceRuntime:
     def __init__(
         self,
         settings: Settings,
-        options: ServiceOptions,
         instance_id: str,
         argv: list[str],
         engine_factory: EngineFactory = default_engine_factory,
         tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
-        self.options = options
         self.instance_id = instance_id
         self.argv = argv
         self.engine_factory = engine_factory
+        server, telemetry = settings.server, settings.telemetry
         self.ctx = ApiContext(
-            vision=options.vision,
-            model_id=options.model_id,
-            client_compat=options.client_compat,
-            response_store=ResponseStore(options.response_store_max_records, options.response_store_max_mib),
+            vision=settings.vision.enabled,
+            model_id=server.model_id,
+            max_context=settings.engine.max_context,
+            client_compat=server.client_compat,
+            response_store=ResponseStore(server.response_store_max_records, server.response_store_max_mib),
         )
-        self.log = RequestLog(options.request_log_path, instance_id, options.artifact)
+        self.log = RequestLog(settings.logging.request_log_jsonl, instance_id, settings.model.artifact)
         self.tracing = tracing or Tracing.from_config(
-            options.trace_exporter, options.otlp_endpoint, options.service_name, instance_id
+            telemetry.exporter, telemetry.otlp_endpoint, telemetry.service_name, instance_id
         )
         self.tracing.model_id = lambda: self.ctx.model_id
         self.engine: EngineView | None = None
@@ -131,7 +131,7 @@ class ServiceRuntime:
         from ninfer.text.tokenizer import Tokenizer
 
         cache = setup_compile_cache()  # before torch compiles or loads any kernel
-        path = self.options.artifact
+        path = self.settings.model.artifact
         if path is None:  # the demo: found in the cache dir, or built there now
             t0 = time.monotonic()
             path = str(ensure_demo_artifact())
@@ -148,7 +148,8 @@ class ServiceRuntime:
         # settings the artifact cannot honour fail before any allocation
         check_artifact_settings(self.settings, artifact)
         tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
-        defaults = ServerDefaults(self.options.thinking_default, self.options.preserve_thinking_default)
+        sampling = self.settings.sampling
+        defaults = ServerDefaults(not sampling.no_thinking, sampling.preserve_thinking)
         media = None
         if self.settings.vision.enabled:  # media preparation exists only with --vision
             from ninfer.api.media_prompt import build_media_prompts
@@ -166,13 +167,16 @@ class ServiceRuntime:
         capture_s = graphs.capture_s if graphs is not None and graphs.batch_sizes else None
         compile_report = cache.report(compile_s=capture_s)
         pipeline = Pipeline(engine, prompts, self.recorder, self.next_request_id)
-        self.ctx.model_id = self.options.model_id or artifact.model_id
-        self.ctx.max_context = self.options.max_context
+        self.ctx.model_id = self.settings.server.model_id or artifact.model_id
         self._server_start(engine, path, artifact, compile_report)
         self.ctx.pipeline = pipeline
         media_bytes = media.preparer.cache if media is not None else None  # live / retained media bytes
         self.reporter = ThroughputReporter(
-            engine, self.log, self.options.log_stats_interval_ms, media_bytes, self.recorder.take_compat
+            engine,
+            self.log,
+            self.settings.logging.log_stats_interval_ms,
+            media_bytes,
+            self.recorder.take_compat,
         )
         self.reporter.start()
         self.ready = True
@@ -181,21 +185,21 @@ class ServiceRuntime:
     def _server_start(
         self, eng: EngineView, path: str, artifact: Artifact, compile_report: dict[str, object]
     ) -> None:
-        opts = self.options
+        settings, server, engine = self.settings, self.settings.server, self.settings.engine
         cfg = eng.config  # the engine's resolved EngineConfig
         ledger = eng.ledger
         self.log.emit(
             "server_start",
             pid=os.getpid(),
-            argv=redact_argv(self.argv, opts.api_key),
+            argv=redact_argv(self.argv, server.api_key_value),
             model_id=self.ctx.model_id,
             artifact={"path": path, "model_id": artifact.model_id, "family": artifact.family},
             engine={
-                "max_context": opts.max_context,
-                "max_concurrency": opts.max_concurrency,
-                "max_pending_requests": opts.max_pending,
-                "pending_timeout_ms": opts.pending_timeout_ms,
-                "default_max_tokens": opts.default_max_tokens,
+                "max_context": engine.max_context,
+                "max_concurrency": engine.max_concurrency,
+                "max_pending_requests": engine.max_pending_requests,
+                "pending_timeout_ms": engine.pending_timeout_ms,
+                "default_max_tokens": engine.default_max_tokens,
                 "device": cfg.device,
                 "dtype": cfg.dtype,
                 "prefill_chunk": cfg.prefill_chunk,
@@ -217,20 +221,21 @@ class ServiceRuntime:
                 },
                 "snapshot": eng.snapshot(),
             },
-            settings=self.settings.redacted_dump(),
+            settings=settings.redacted_dump(),
             thinking_defaults={
-                "thinking": opts.thinking_default,
-                "preserve_thinking": opts.preserve_thinking_default,
+                "thinking": not settings.sampling.no_thinking,
+                "preserve_thinking": settings.sampling.preserve_thinking,
             },
             python=sys.version.split()[0],
         )
         for line in (
             f"model {self.ctx.model_id} from {path}",
-            f"engine max_context={opts.max_context} max_concurrency={opts.max_concurrency} "
-            f"max_pending={opts.max_pending} pending_timeout_ms={opts.pending_timeout_ms}",
-            f"http {opts.host}:{opts.port} threads={opts.threads} auth={'on' if opts.api_key else 'off'} "
-            f"cors={'on' if opts.cors else 'off'} vision={'on' if opts.vision else 'off'}",
-            f"request log {opts.request_log_path or 'disabled'}; tracing {opts.trace_exporter}",
+            f"engine max_context={engine.max_context} max_concurrency={engine.max_concurrency} "
+            f"max_pending={engine.max_pending_requests} pending_timeout_ms={engine.pending_timeout_ms}",
+            f"http {server.host}:{server.port} threads={worker_threads(settings)} "
+            f"auth={'on' if server.api_key_value else 'off'} cors={'on' if server.cors else 'off'} "
+            f"vision={'on' if settings.vision.enabled else 'off'}",
+            f"request log {settings.logging.request_log_jsonl or 'disabled'}; tracing {settings.telemetry.exporter}",
         ):
             logger().info(line)
 
@@ -248,7 +253,7 @@ class ServiceRuntime:
             if self._drained or self.engine is None:
                 return
             t0 = time.monotonic()
-            self.engine.shutdown(self.options.drain_timeout_s)
+            self.engine.shutdown(self.settings.server.drain_timeout_s)
             self._drained = True
             logger().info("engine drained in %.3fs", time.monotonic() - t0)
 

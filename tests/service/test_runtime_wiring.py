@@ -11,7 +11,6 @@ from ninfer.engine.api import EngineError, GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.service.app import create_app
-from ninfer.service.options import from_settings
 from ninfer.service.runtime import ServiceRuntime
 from ninfer.service.telemetry import Tracing
 from tests.engine.tiny import tiny_model
@@ -19,9 +18,8 @@ from tests.engine.tiny import tiny_model
 
 def test_response_store_is_sized_from_settings(tmp_path) -> None:
     settings = load_settings(["server.response_store_max_records=3", "server.response_store_max_mib=5"])
-    options = from_settings(settings)
     runtime = ServiceRuntime(
-        settings, options, "test", [], tracing=Tracing.from_config("none", None, "ninfer", "test")
+        settings, "test", [], tracing=Tracing.from_config("none", None, "ninfer", "test")
     )
     store = runtime.ctx.response_store
     assert store is not None
@@ -32,7 +30,6 @@ def test_health_reports_an_engine_thread_failure_and_requests_fail_at_once() -> 
     settings = load_settings([])
     runtime = ServiceRuntime(
         settings,
-        from_settings(settings),
         "test",
         [],
         tracing=Tracing.from_config("none", None, "ninfer", "test"),

@@ -16,7 +16,6 @@ from ninfer.config.errors import ConfigError
 from ninfer.config.loader import load_settings
 from ninfer.kernels.support import unsupported
 from ninfer.service import app_main, gpu_probe
-from ninfer.service.options import from_settings
 
 
 def test_formats_by_compute_capability() -> None:
@@ -39,14 +38,13 @@ def test_an_fp8_artifact_is_refused_on_an_older_gpu(
     fp8_artifact: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = load_settings([f"model.artifact={fp8_artifact}"])
-    options = from_settings(settings)
     monkeypatch.setattr(gpu_probe, "device_capability", lambda device, timeout_s=120.0: (8, 0))
     with pytest.raises(ConfigError, match=r"fp8_e4m3_b128 needs a GPU of compute capability 8\.9"):
-        app_main.check_artifact(settings, options)
+        app_main.check_artifact(settings)
     monkeypatch.setattr(gpu_probe, "device_capability", lambda device, timeout_s=120.0: (9, 0))
-    app_main.check_artifact(settings, options)  # an H100 / H200 runs it
+    app_main.check_artifact(settings)  # an H100 / H200 runs it
     monkeypatch.setattr(gpu_probe, "device_capability", lambda device, timeout_s=120.0: None)
-    app_main.check_artifact(settings, options)  # no GPU: the reference path runs every format
+    app_main.check_artifact(settings)  # no GPU: the reference path runs every format
 
 
 def test_the_probe_reads_no_gpu_as_none() -> None:
