@@ -19,9 +19,8 @@ from safetensors import safe_open
 from ninfer.artifact import profiles, registry
 from ninfer.artifact.errors import ArtifactError
 from ninfer.artifact.hf_source import HfSource, read_hf_source
-from ninfer.artifact.manifest import ArtifactIdentity
+from ninfer.artifact.manifest import MEDIA_CONFIGS, MEDIA_DIR, ArtifactIdentity
 from ninfer.artifact.quantize import store_as
-from ninfer.artifact.reader import MEDIA_CONFIGS, MEDIA_DIR
 from ninfer.artifact.shapes import expected_shapes
 from ninfer.artifact.writer import SHARD_BYTES, ArtifactWriter, generation_json
 from ninfer.formats import QuantWeight
@@ -32,7 +31,9 @@ DTYPES: dict[str, torch.dtype | None] = {"keep": None, "bfloat16": torch.bfloat1
 TEMPLATES = ("qwen3_6", "qwen3_5", "qwen3_8")
 _EXPERT = re.compile(r"^(?P<p>.+\.mlp\.experts)\.(?P<e>\d+)\.(?P<k>gate_proj|up_proj|down_proj)\.weight$")
 _MTP_LAYER = re.compile(r"^mtp\.layers\.(\d+)\.")
-SCALE_INV = "_scale_inv"  # an FP8 checkpoint's block scale of tensor X: X_scale_inv (X.weight -> X.weight_scale_inv)
+SCALE_INV = (
+    "_scale_inv"  # an FP8 checkpoint's block scale of tensor X: X_scale_inv (X.weight -> X.weight_scale_inv)
+)
 
 
 def map_name(key: str) -> tuple[str, str]:
@@ -183,7 +184,9 @@ def write_tokenizer(writer: ArtifactWriter, given: Path | None) -> None:
 def fp8_source(src: HfSource) -> bool:
     """Whether the checkpoint is a Hugging Face FP8 one (`quantization_config.quant_method == "fp8"`,
     128 x 128 weight blocks); other quantization methods are refused."""
-    cfg = src.config.get("quantization_config") or (src.config.get("text_config") or {}).get("quantization_config")
+    cfg = src.config.get("quantization_config") or (src.config.get("text_config") or {}).get(
+        "quantization_config"
+    )
     if not cfg:
         return False
     method = cfg.get("quant_method")

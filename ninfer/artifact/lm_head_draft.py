@@ -90,7 +90,9 @@ def select_ids(freq: Mapping[int, int], size: int, vocab_size: int, always: Iter
     return sorted(chosen)
 
 
-def draft_tensors(lm_head: torch.Tensor | QuantWeight, token_ids: list[int]) -> dict[str, torch.Tensor | QuantWeight]:
+def draft_tensors(
+    lm_head: torch.Tensor | QuantWeight, token_ids: list[int]
+) -> dict[str, torch.Tensor | QuantWeight]:
     """lm_head: [V, H] -> {"token_ids": [N] int64, "weight": [N, H]} (rows copied, format kept: a
     groupwise head's rows stay in their codes and scales; an fp8 head's rows, whose 128-row blocks
     the selection breaks, are dequantized to bf16)."""

@@ -13,6 +13,8 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 COMPONENTS = ("text", "mtp", "vision", "lm_head_draft", "dflash")
 FAMILIES = ("qwen3_5", "qwen3_5_moe")
+MEDIA_DIR = "media"  # optional: the checkpoint's image / video processor configs
+MEDIA_CONFIGS = ("preprocessor_config.json", "video_preprocessor_config.json")
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 from ninfer.artifact import quant_store
 from ninfer.artifact.errors import ArtifactError
 from ninfer.artifact.files import TensorInfo, read_header, sha256_file
-from ninfer.artifact.manifest import MANIFEST, Manifest, read_manifest
+from ninfer.artifact.manifest import MANIFEST, MEDIA_DIR, Manifest, read_manifest
 from ninfer.artifact.shapes import expected_shapes, with_splits
-from ninfer.artifact.synth import draw_tensor, synthetic_headers, synthetic_spec
+from ninfer.artifact.synth_draw import draw_tensor, synthetic_headers, synthetic_spec
 from ninfer.model.config import TextConfig, UnknownArchitectureError
 
 if TYPE_CHECKING:  # torch is imported only when weights are loaded (inspect/verify stay light)
@@ -25,8 +25,6 @@ TOKENIZER = "tokenizer/tokenizer.json"
 TEMPLATE = "frontend/chat_template.jinja"
 GENERATION = "generation.json"
 REQUIRED = (CONFIG, TOKENIZER, TEMPLATE, GENERATION)
-MEDIA_DIR = "media"  # optional: the checkpoint's image / video processor configs
-MEDIA_CONFIGS = ("preprocessor_config.json", "video_preprocessor_config.json")
 SYNTHETIC_FILE = "<synthetic>"  # the one pseudo-file of a synthetic component's headers
 
 

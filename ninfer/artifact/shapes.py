@@ -102,7 +102,9 @@ def expected_shapes(c: TextConfig, component: str) -> dict[str, Shape] | None:
     return None
 
 
-def with_splits(c: TextConfig, want: dict[str, Shape], names: set[str] | dict[str, object]) -> dict[str, Shape]:
+def with_splits(
+    c: TextConfig, want: dict[str, Shape], names: set[str] | dict[str, object]
+) -> dict[str, Shape]:
     """`want` with each splittable tensor replaced by its parts where `names` holds the parts (a
     quantized artifact whose parts take two formats: `ninfer.model.layout`)."""
     from ninfer.model.layout import split_parts

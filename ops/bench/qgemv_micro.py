@@ -132,7 +132,7 @@ def with_split(cfg: Any, n: int, groups: int) -> Any:
 
 def _weights(p: QProj, device: str, copies: int) -> list[QuantWeight]:
     """`copies` random weights of the format, drawn as planes directly (values do not matter)."""
-    from ninfer.artifact.synth import draw_tensor
+    from ninfer.artifact.synth_draw import draw_tensor
     from ninfer.formats.registry import plane_shapes
     from ninfer.formats.weight import from_planes
 
@@ -293,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--quick", action="store_true", help="four configs per M")
     ap.add_argument("--rows", default="1,8", help="M values, comma list")
-    ap.add_argument("--table", type=Path, default=None, help="write the best configs here (qgemv_configs.json)")
+    ap.add_argument(
+        "--table", type=Path, default=None, help="write the best configs here (qgemv_configs.json)"
+    )
     args = ap.parse_args(argv)
     if args.smoke:
         from ninfer.kernels.triton.interpreter_fixes import patch_interpreter
@@ -319,7 +321,11 @@ def main(argv: list[str] | None = None) -> int:
         from ninfer.kernels.triton.qgemv import table_key
 
         configs = {table_key(r["fmt"], r["n"], r["k"], r["m"]): r["config"] for r in result["best"]}
-        table = {k: v for k, v in provenance("ops/bench/qgemv_micro.py", sys.argv[1:]).items() if k in ("commit", "date", "gpu")}
+        table = {
+            k: v
+            for k, v in provenance("ops/bench/qgemv_micro.py", sys.argv[1:]).items()
+            if k in ("commit", "date", "gpu")
+        }
         args.table.write_text(json.dumps({**table, "configs": configs}, indent=1, sort_keys=True) + "\n")
     result["step_ms"] = step_totals(result["best"])
     result["prefill"] = prefill_path(device, args.smoke)
