@@ -47,12 +47,11 @@ class ApiContext:
 
     def template_efforts(self) -> tuple[str, ...]:
         """The reasoning efforts the loaded chat template exposes (empty before load or without any)."""
-        prompts = getattr(self.pipeline, "prompts", None)
-        return tuple(getattr(getattr(prompts, "caps", None), "efforts", ()) or ())
+        return self.pipeline.prompts.caps.efforts if self.pipeline is not None else ()
 
     def tokenizer(self) -> Tokenizer:
         """The artifact's tokenizer (`encode`, `decode`, `vocab_size`); needs the loaded pipeline."""
-        return self.require_pipeline().prompts.tokenizer  # type: ignore[attr-defined]
+        return self.require_pipeline().prompts.tokenizer
 
     def check_model(self, model: str) -> None:
         """OpenAI routes: the model field must equal the public model id (404 model_not_found, as OpenAI does)."""

@@ -315,10 +315,10 @@ class Generation:
 
     def _lp_entry(self, lp: TokenLogprob) -> dict[str, Any]:
         """One token's OpenAI-shaped entry: {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}."""
-        tok = getattr(self._pipeline.prompts, "tokenizer", None)
+        tok = self._pipeline.prompts.tokenizer
 
         def entry(token_id: int, logprob: float) -> dict[str, Any]:
-            raw = tok.token_bytes(token_id) if tok is not None else b""
+            raw = tok.token_bytes(token_id)
             return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
 
         return {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
@@ -333,7 +333,7 @@ class Generation:
         usage = Usage(
             prompt_tokens=self.prompt_tokens,
             completion_tokens=completion,
-            cached_tokens=stats.cached_tokens if stats else 0,
+            cached_tokens=stats.cached_tokens,
             reasoning_tokens=parse.reasoning_tokens,
         )
         return Finished(
@@ -349,8 +349,8 @@ class Generation:
         )
 
     @property
-    def stats(self) -> RequestStats | None:
-        return getattr(self._handle, "stats", None)
+    def stats(self) -> RequestStats:
+        return self._handle.stats
 
     def close(self) -> None:
         """Cancel an unfinished request, release its ticket and report it exactly once."""
@@ -398,4 +398,4 @@ class Generation:
             "tool_calls": len(self._finished.tool_calls) if self._finished else 0,
             "prepare_s": self.prepare_s,
         }
-        observer.done(self.request_id, self.job, summary, self.stats or RequestStats())
+        observer.done(self.request_id, self.job, summary, self.stats)

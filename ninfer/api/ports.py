@@ -11,9 +11,11 @@ from ninfer.api.events import GenerationJob
 from ninfer.engine.api import ConstraintSpec, GenerationRequest, RequestStats, StepOutput
 from ninfer.engine.multimodal import MultimodalPrompt
 from ninfer.engine.tickets import Ticket  # a lifetime reservation (its deadline bounds media prep)
+from ninfer.frontend.capabilities import TemplateCapabilities
 from ninfer.frontend.conversation import Conversation, Tool
 from ninfer.frontend.options import RequestOptions
 from ninfer.frontend.parser import Event, ParseResult  # the decoder's text events
+from ninfer.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class OutputDecoder(Protocol):
 
 class PromptPort(Protocol):
     """Conversation -> tokens, and tokens -> events, for the loaded artifact."""
+
+    tokenizer: Tokenizer  # the artifact's (token bytes for logprobs, /tokenize, raw prompts)
+    caps: TemplateCapabilities  # what the embedded template supports (reasoning efforts, thinking default)
 
     def check_options(self, controls: RequestOptions) -> None:
         """Resolve the template options alone (before any capacity is taken); ApiError 400 if invalid."""
