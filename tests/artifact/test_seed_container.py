@@ -27,6 +27,7 @@ from ninfer.artifact.seed_layouts import V2_MODELS
 from tests.artifact.seed_writer import build
 
 MODEL_ID = "tiny-seed"
+MOE_ID = "tiny-seed-moe"
 PART_LIMIT = 6_000_000  # splits a tiny v3 file (its 15 MB tokenizer included) into three parts
 
 
@@ -41,6 +42,11 @@ def frontend() -> dict[str, Any]:
     from ninfer.text.builder import cached_tokenizer_json
 
     return {"tokenizer": Path(cached_tokenizer_json()).read_bytes(), "template": read_template("qwen3_6")}
+
+
+@pytest.fixture(scope="module")
+def hf_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_hf_checkpoint(tmp_path_factory.mktemp("seed") / "moe", "moe", seed=5, with_mtp=True)
 
 
 @pytest.fixture(autouse=True)
@@ -59,8 +65,6 @@ def _build(
     ("version", "recipe"), [(2, "groupwise"), (3, "groupwise"), (2, "nvfp4"), (3, "nvfp4")]
 )
 def test_engine_on_a_seed_file_matches_transformers(hf_dir, frontend, tmp_path, version, recipe) -> None:
-    from transformers import AutoModelForCausalLM
-
     files, ref = _build(hf_dir, tmp_path / "m.ninfer", version, recipe, frontend)
     assert (len(files) > 1) == (version == 3)  # v3: continuation parts, objects straddling them
     art = open_artifact(files[0])
@@ -81,6 +85,14 @@ def test_engine_on_a_seed_file_matches_transformers(hf_dir, frontend, tmp_path, 
         assert "lm_head.weight" in art.dequantized_on_load()
         exact = ("mtp.", "model.embed_tokens", "A_log", "dt_bias")  # W8 and fp32: loaded as stored
         ref = {n: (t if any(e in n for e in exact) else t.bfloat16().float()) for n, t in ref.items()}
+    _same_as_transformers(hf_dir, files[0], ref)
+
+
+def _same_as_transformers(hf_dir: Path, path: Path, ref: dict[str, torch.Tensor]) -> None:
+    """transformers on the dequantized weights `ref` = the engine on the seed file: logits and 16
+    greedy tokens of a 60-token prompt (and the formats did change the model)."""
+    from transformers import AutoModelForCausalLM
+
     hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     prompt = torch.randint(
         0, hf.config.vocab_size, (60,), generator=torch.Generator().manual_seed(1)
@@ -94,11 +106,31 @@ def test_engine_on_a_seed_file_matches_transformers(hf_dir, frontend, tmp_path, 
         want = hf(torch.tensor([prompt])).logits[0]
         want_gen = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)
     assert (original - want).abs().max() / want.abs().max() > 1e-3  # the formats changed the model
-    llm = LLM(files[0])
+    llm = LLM(path)
     got = llm.logits(prompt)
     assert (got - want).abs().max() / want.abs().max() <= 1e-4
     out = llm.generate([prompt], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))[0]
     assert list(out.token_ids) == want_gen[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_engine_on_a_moe_seed_file_matches_transformers(
+    hf_moe, frontend, tmp_path, monkeypatch, version
+) -> None:
+    """The 35B-A3B contract: one [q, k, gate, v] and one [q, k, v, z] parent, [a, b] and [router ;
+    shared gate] bf16 parents, routed experts as expert-major Q4 / Q5 (Q6) parents, W8 elsewhere."""
+    monkeypatch.setitem(V2_MODELS, MOE_ID, json.loads((hf_moe / "config.json").read_text()))
+    files, ref = build(hf_moe, tmp_path / "m.ninfer", version, "moe", model_id=MOE_ID, **frontend)
+    art = open_artifact(files[0])
+    assert art.model_id == MOE_ID and art.has_component("mtp") and art.dequantized_on_load() == []
+    text, last = art.load_tensors("text"), len(art.config.layer_types) - 1
+    bank = text["model.layers.0.mlp.experts.gate_up_proj"]
+    assert bank.fmt.name == "q4_g64" and bank.shape == (8, 64, 64)
+    assert text["model.layers.0.mlp.experts.down_proj"].fmt.name == "q5_g64"
+    assert text[f"model.layers.{last}.mlp.experts.down_proj"].fmt.name == "q6_g64"
+    mtp = art.load_tensors("mtp")
+    assert mtp["mtp.layers.0.mlp.experts.down_proj"].fmt.name == "q8_g32"
+    _same_as_transformers(hf_moe, files[0], ref)
 
 
 def test_inspect_and_import(hf_dir, frontend, tmp_path, capsys) -> None:
