@@ -88,6 +88,11 @@ class Artifact:
         return self.manifest.identity.family
 
     @property
+    def sampler_model_id(self) -> str:
+        """The id whose registered sampler presets the engine takes (`registry.sampler_preset`)."""
+        return self.model_id
+
+    @property
     def display_name(self) -> str:
         return self.manifest.identity.display_name
 

@@ -28,11 +28,12 @@ from ninfer.artifact.files import TensorInfo
 from ninfer.artifact.manifest import FORMAT_VERSION, ArtifactIdentity, Component, Manifest
 from ninfer.artifact.quant_store import QuantSpec
 from ninfer.artifact.reader import Artifact
+from ninfer.artifact.registry import lookup
 from ninfer.artifact.seed_container import FORMATS, Part, SeedFile, SeedFormatError, decode, read_seed_file
 from ninfer.artifact.seed_layouts import V2_MODELS, Target, bind, has_mtp, v2_bindings
 from ninfer.artifact.writer import generation_json
 from ninfer.formats.registry import format_of, plane_shapes
-from ninfer.model.config import TextConfig, UnknownArchitectureError
+from ninfer.model.config import DENSE, MOE, TextConfig, UnknownArchitectureError
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +44,7 @@ log = logging.getLogger("ninfer.artifact")
 NATIVE_KINDS = ("direct", "groupwise")  # loaded as stored; every other kind is dequantized to bf16
 _DTYPE_TAG = {"bf16": "BF16", "fp32": "F32", "int32": "I32", "int64": "I64"}
 _SIZES = {"BF16": 2, "F32": 4, "I32": 4, "I64": 8}
+SEED_MODEL_OF_FAMILY = {DENSE: "qwen3.6-27b", MOE: "qwen3.6-35b-a3b"}  # the seed's model per architecture
 
 
 @dataclass
@@ -62,6 +64,13 @@ class SeedArtifact(Artifact):
     @property
     def tokenizer_path(self) -> Path:
         return self.frontend_dir / "tokenizer.json"
+
+    @property
+    def sampler_model_id(self) -> str:
+        """The seed takes its sampler presets from the model it runs, never from the file's
+        generation config: a registered id keeps its own, any other public name those of the seed's
+        model of its architecture (the 35B-A3B's differ from the 27B's)."""
+        return self.model_id if lookup(self.model_id) is not None else SEED_MODEL_OF_FAMILY[self.family]
 
     def media_config(self, name: str) -> dict[str, Any] | None:
         ref = self.sf.resource_roles().get(name)

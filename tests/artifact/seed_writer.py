@@ -268,10 +268,11 @@ RECIPES = {
 
 def build(
     hf_dir: Path, out: Path, version: int, recipe: str, *, model_id: str = "tiny-seed", limit: int = 32_000_000_000,
-    tokenizer: bytes = b"{}", template: str = "{{ messages }}",
+    tokenizer: bytes = b"{}", template: str = "{{ messages }}", formats: dict[str, str] | None = None,
 ) -> tuple[list[Path], dict[str, torch.Tensor]]:  # fmt: skip
-    """A seed file of a tiny dense or MoE checkpoint; (files written, dequantized weights by HF name)."""
-    r = RECIPES[recipe]
+    """A seed file of a tiny dense or MoE checkpoint; (files written, dequantized weights by HF name).
+    `formats` replaces entries of the recipe (e.g. a bf16 embedding and head for a full vocabulary)."""
+    r = {**RECIPES[recipe], **(formats or {})}
     cfg = json.loads((hf_dir / "config.json").read_text())
     text = cfg.get("text_config") or cfg
     sd: dict[str, torch.Tensor] = {}

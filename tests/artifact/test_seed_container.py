@@ -153,6 +153,69 @@ def test_inspect_and_import(hf_dir, frontend, tmp_path, capsys) -> None:
     assert src.media_config("preprocessor_config.json") == ours.media_config("preprocessor_config.json")
 
 
+# ----------------------------------------------------------------------------------------- serving
+# the seed's registered sampler presets of the 35B-A3B (its serving doc): thinking and non-thinking
+SEED_35B_THINKING = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0,
+                     "presence_penalty": 1.5, "frequency_penalty": 0.0}  # fmt: skip
+SEED_35B_NON_THINKING = {**SEED_35B_THINKING, "temperature": 0.7, "top_p": 0.80}
+
+
+def _full_vocab(hf_dir: Path, out: Path, vocab: int = 248320) -> Path:
+    """A copy of a tiny checkpoint whose embedding and head have the tokenizer's vocabulary (random rows)."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir()
+    for f in hf_dir.iterdir():
+        if f.suffix != ".safetensors" and f.name != "config.json":
+            (out / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg["vocab_size"] = vocab
+    (out / "config.json").write_text(json.dumps(cfg))
+    g = torch.Generator().manual_seed(0)
+    for f in hf_dir.glob("*.safetensors"):
+        sd = load_file(f)
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):
+            if name in sd:
+                sd[name] = torch.randn(vocab, sd[name].shape[1], generator=g) * 0.1
+        save_file(sd, out / f.name)
+    return out
+
+
+def test_a_seed_file_serves_under_its_public_name_with_the_seeds_presets(hf_moe, frontend, tmp_path) -> None:
+    """`model.artifact=FILE` (what `ninfer-serve FILE` sets): /v1/models lists the file's
+    `metadata.name` with the context it serves, a chat completion for that id answers, and the
+    sampler presets are the seed's for its model (the file's generation config has other values)."""
+    from openai import OpenAI
+
+    from tests.service.conftest import API_KEY, start_server, stop_server
+
+    hf = _full_vocab(hf_moe, tmp_path / "hf")
+    files, _ = build(
+        hf,
+        tmp_path / "m.ninfer",
+        3,
+        "moe",
+        model_id=MOE_ID,
+        formats={"embed": "bf16", "head": "bf16"},
+        **frontend,
+    )
+    overrides = ["engine.device=cpu", f"model.artifact={files[0]}", "engine.max_context=512"]
+    srv = start_server(tmp_path, overrides)
+    try:
+        client = OpenAI(base_url=f"{srv.url}/v1", api_key=API_KEY)
+        (card,) = client.models.list().data
+        assert card.id == MOE_ID and card.model_extra["max_model_len"] == 512
+        out = client.chat.completions.create(
+            model=MOE_ID, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        )
+        assert out.model == MOE_ID and out.usage.completion_tokens == 4
+        presets = next(e for e in srv.events() if e["event"] == "server_start")["engine"]["sampler_presets"]
+        for mode, want in (("thinking", SEED_35B_THINKING), ("non_thinking", SEED_35B_NON_THINKING)):
+            assert {k: presets[mode][k] for k in want} == want, mode
+    finally:
+        assert stop_server(srv) == 0, srv.stderr_path.read_text()[-3000:]
+
+
 # ----------------------------------------------------------------------------------------- malformed
 def _rewrite(path: Path, edit) -> None:  # type: ignore[no-untyped-def]
     """Edit the JSON directory in place, padding with spaces to its length (offsets stay valid)."""
