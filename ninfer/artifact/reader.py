@@ -104,6 +104,10 @@ class Artifact:
     def components(self) -> tuple[str, ...]:
         return tuple(self.manifest.components)
 
+    def not_loaded(self, component: str) -> str | None:
+        """Why a component this artifact carries is not loaded by us (None: it loads, or is absent)."""
+        return None
+
     def has_component(self, name: str) -> bool:
         return name in self.manifest.components
 

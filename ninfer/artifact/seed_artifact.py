@@ -44,6 +44,12 @@ log = logging.getLogger("ninfer.artifact")
 NATIVE_KINDS = ("direct", "groupwise")  # loaded as stored; every other kind is dequantized to bf16
 _DTYPE_TAG = {"bf16": "BF16", "fp32": "F32", "int32": "I32", "int64": "I64"}
 _SIZES = {"BF16": 2, "F32": 4, "I32": 4, "I64": 8}
+# our component -> (the seed components / logical-name prefixes carrying it, what it is, the flag)
+_UNLOADED = {
+    "vision": (("vision",), "vision tower", "--vision"),
+    "dflash": (("dflash", "dflash2"), "DFlash drafter", "--spec dflash"),
+    "lm_head_draft": (("proposal",), "indexed proposal head", "--lm-head-draft"),
+}
 SEED_MODEL_OF_FAMILY = {DENSE: "qwen3.6-27b", MOE: "qwen3.6-35b-a3b"}  # the seed's model per architecture
 
 
@@ -71,6 +77,21 @@ class SeedArtifact(Artifact):
         generation config: a registered id keeps its own, any other public name those of the seed's
         model of its architecture (the 35B-A3B's differ from the 27B's)."""
         return self.model_id if lookup(self.model_id) is not None else SEED_MODEL_OF_FAMILY[self.family]
+
+    def not_loaded(self, component: str) -> str | None:
+        """The file's vision tower, DFlash drafters and indexed proposal head are not loaded: a flag
+        that asks for one is refused before anything loads (not "the artifact has none")."""
+        if component not in _UNLOADED:
+            return None
+        seed_components, what, flag = _UNLOADED[component]
+        carried = any(c in self.sf.components for c in seed_components) or any(
+            n.startswith(tuple(c + "/" for c in seed_components)) for n in self.unloaded
+        )
+        if not carried:
+            return None
+        return (
+            f"the {what} of a seed .ninfer file is not loaded (the text model and MTP head are): drop {flag}"
+        )
 
     def media_config(self, name: str) -> dict[str, Any] | None:
         ref = self.sf.resource_roles().get(name)

@@ -349,3 +349,18 @@ def test_inspect_and_serve_exit_2_on_a_broken_file(small_files, tmp_path) -> Non
     run = subprocess.run([str(serve), str(path)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr
     assert "overlaps" in run.stderr and "object" in run.stderr
+
+
+def test_vision_on_a_seed_file_exits_2_before_anything_loads(small_files) -> None:
+    """The file carries a vision tower we do not load: `--vision` is refused in one line (exit 2),
+    named as not loaded rather than absent; the text model's flags are unaffected."""
+    art = open_artifact(small_files[3][0])
+    assert art.not_loaded("vision") is not None and art.not_loaded("dflash") is None
+    assert art.not_loaded("text") is None and open_artifact(small_files[2][0]).not_loaded("vision") is None
+    serve = Path(sys.executable).with_name("ninfer-serve")
+    run = subprocess.run(
+        [str(serve), str(small_files[3][0]), "--vision"], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 2, run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert "vision.enabled" in line and "vision tower of a seed .ninfer file is not loaded" in line, line
