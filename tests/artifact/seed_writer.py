@@ -5,7 +5,8 @@ references). It imports nothing from `ninfer` (no shared code with the reader): 
 NVFP4 scale swizzle, framing, part splitting and bindings.
 
 `build(hf_dir, out, version, recipe)` turns a tiny Hugging Face Qwen3.5 checkpoint (dense, or MoE
-with the "moe" recipe: the 35B-A3B's parents and formats) into a seed file and returns the dequantized weights under the checkpoint's names (fp32), for
+with the "moe" recipe: the 35B-A3B's parents and formats; a VL checkpoint adds its vision tower in
+the seed's inventory and formats) into a seed file and returns the dequantized weights under the checkpoint's names (fp32), for
 transformers to run as the reference."""
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ def bindings_of(objs: list[Obj]) -> dict[str, Any]:
         if not o.rows:  # the logical name is the object's, the MTP block renamed as v3 names it
             out[o.logical or o.name.replace("mtp/layer/", "mtp/layers/0/")] = {"object": o.name}
             continue
-        width = o.shape[1]
+        width = o.shape[1] if len(o.shape) > 1 else 1
         cur = 0
         for logical, r in o.rows:
             out[logical] = {"parts": [{"object": o.name, "range": [cur * width, (cur + r) * width]}]}
@@ -278,6 +279,9 @@ def build(
     sd: dict[str, torch.Tensor] = {}
     for f in sorted(hf_dir.glob("*.safetensors")):
         sd.update(load_file(f))
+    vl = "vision_config" in cfg  # a VL checkpoint: text under model.language_model., vision model.visual.
+    if vl:
+        sd = {k.replace("model.language_model.", "model.", 1): t for k, t in sd.items()}
     h, hd, nh, nkv = (
         text["hidden_size"],
         text["head_dim"],
@@ -425,6 +429,47 @@ def build(
         )
         objs[-1].logical = logical + "moe/shared/down"
 
+    def vision(vc: dict[str, Any]) -> None:
+        """The tower (the 35B-A3B's inventory order and formats): qkv / fc1 Q4, output / fc2 Q5,
+        patch Q6, merger W8, the rest bf16; qkv and its bias split [query, key, value] by binding."""
+        v, hv = "model.visual.", vc["hidden_size"]
+        pw = sd[v + "patch_embed.proj.weight"]
+        ref[v + "patch_embed.proj.weight"] = put(
+            "vision/patch_embedding", pw.reshape(pw.shape[0], -1), "q6"
+        ).view(pw.shape)
+        ref[v + "patch_embed.proj.bias"] = put(
+            "vision/patch_embedding_bias", sd[v + "patch_embed.proj.bias"], "bf16"
+        )
+        ref[v + "pos_embed.weight"] = put("vision/position_embedding", sd[v + "pos_embed.weight"], "bf16")
+
+        def linear(src: str, dst: str, fmt: str, rows: list[tuple[str, int]] | None = None) -> None:
+            ref[src + ".weight"] = put(dst, sd[src + ".weight"], fmt, rows)
+            ref[src + ".bias"] = put(
+                dst + "_bias", sd[src + ".bias"], "bf16", [(n + "_bias", r) for n, r in rows or []]
+            )
+
+        def norm(src: str, dst: str) -> None:
+            for part in ("weight", "bias"):
+                ref[f"{src}.{part}"] = put(f"{dst}/{part}", sd[f"{src}.{part}"], "bf16")
+                objs[-1].logical = f"{dst}_{part}"
+
+        for b in range(vc["depth"]):
+            s_, d = f"{v}blocks.{b}.", f"vision/layers/{b}/"
+            linear(
+                s_ + "attn.qkv",
+                d + "attention/qkv",
+                "q4",
+                [(d + "attention/" + r, hv) for r in ("query", "key", "value")],
+            )
+            linear(s_ + "attn.proj", d + "attention/output", "q5")
+            linear(s_ + "mlp.linear_fc1", d + "mlp/fc1", "q4")
+            linear(s_ + "mlp.linear_fc2", d + "mlp/fc2", "q5")
+            norm(s_ + "norm1", d + "norm1")
+            norm(s_ + "norm2", d + "norm2")
+        linear(v + "merger.linear_fc1", "vision/merger/fc1", "q8")
+        linear(v + "merger.linear_fc2", "vision/merger/fc2", "q8")
+        norm(v + "merger.norm", "vision/merger/norm")
+
     ref["model.embed_tokens.weight"] = put(
         "text/token_embedding", sd["model.embed_tokens.weight"], r["embed"]
     )
@@ -442,6 +487,12 @@ def build(
             ref[f"mtp.{ours}.weight"] = put(f"mtp/{theirs}", sd[f"mtp.{ours}.weight"], "bf16")
         block("mtp.layers.0.", "mtp/layer/", "mtp/layers/0/", True, mat=r["mtp"])
         ref["mtp.norm.weight"] = put("mtp/final_norm", sd["mtp.norm.weight"], "bf16")
+    if vl:
+        vision(cfg["vision_config"])
+        ref = {
+            k if k.startswith(("model.visual.", "lm_head", "mtp.")) else "model.language_model." + k[6:]: t
+            for k, t in ref.items()
+        }
     files = [out]
     if version == 2:
         write_v2(out, objs, model_id, "nvfp4" if recipe == "nvfp4" else "groupwise-int")
@@ -449,7 +500,7 @@ def build(
         text_cfg = {k: v for k, v in text.items() if k != "mtp_num_hidden_layers"}
         comps: dict[str, Any] = {
             "text": {"config": text_cfg, "resources": {n: "frontend/" + n for n in list(res)[:4]}},
-            "vision": {"config": {"model_type": "qwen3_5_vision"}, "target": "text",
+            "vision": {"config": _vision_config(cfg.get("vision_config")), "target": "text",
                        "resources": {n: "frontend/" + n for n in list(res)[4:]}},
         }  # fmt: skip
         if has_mtp:
@@ -457,6 +508,13 @@ def build(
             comps["mtp"] = {"config": {"architectures": [arch]}, "target": "text"}
         files = write_v3(out, objs, comps, limit=limit, metadata={"name": model_id})
     return files, {k: v.float() for k, v in ref.items()}
+
+
+def _vision_config(vc: dict[str, Any] | None) -> dict[str, Any]:
+    """The v3 vision component's config as the seed writes it (no `out_hidden_size`)."""
+    keys = ("depth", "hidden_size", "intermediate_size", "num_heads", "patch_size", "temporal_patch_size",
+            "spatial_merge_size", "num_position_embeddings")  # fmt: skip
+    return {"model_type": "qwen3_5_vision", **{k: vc[k] for k in keys if vc is not None}}
 
 
 def elements(shape: list[int]) -> int:

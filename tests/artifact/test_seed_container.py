@@ -23,7 +23,7 @@ from ninfer import LLM, SamplingParams
 from ninfer.artifact import open_artifact
 from ninfer.artifact.cli import main as artifact_main
 from ninfer.artifact.seed_container import SeedFormatError
-from ninfer.artifact.seed_layouts import V2_MODELS
+from ninfer.artifact.seed_layouts import V2_MODELS, V2_VISION
 from tests.artifact.seed_writer import build
 
 MODEL_ID = "tiny-seed"
@@ -151,6 +151,65 @@ def test_inspect_and_import(hf_dir, frontend, tmp_path, capsys) -> None:
             u.dequantize() if hasattr(u, "dequantize") else u,
         )
     assert src.media_config("preprocessor_config.json") == ours.media_config("preprocessor_config.json")
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_the_vision_tower_of_a_seed_file_matches_transformers(tmp_path, monkeypatch, version) -> None:
+    """A VL checkpoint's tower written as the seed stores it (qkv / fc1 Q4, output / fc2 Q5, patch Q6,
+    merger W8, [q ; k ; v] and v2 `norm1/weight` names bound onto ours): loaded by `--vision`'s path
+    (dense bf16 weights) it equals transformers' `model.visual` on the writer's dequantized weights
+    (fp32), and an image request through the engine gives transformers' greedy tokens."""
+    from ninfer.bootstrap import vision_tower
+    from ninfer.engine.config import EngineConfig
+    from ninfer.model.weights import load_model
+    from tests.vision.hf_tiny import hf_vl_model
+    from tests.vision.vl_engine import (
+        IDS,
+        TOP,
+        VL,
+        _sharpen,
+        generate,
+        image,
+        make_engine,
+        mm_prompt,
+        with_media,
+    )
+
+    hf = hf_vl_model("dense", seed=5, **TOP)
+    _sharpen(hf)  # media and positions visibly steer the greedy tokens
+    hf.eval().save_pretrained(tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    monkeypatch.setitem(V2_MODELS, "tiny-vl", {**cfg["text_config"], "architectures": ["Qwen3_5ForCausalLM"]})
+    monkeypatch.setitem(
+        V2_VISION, "tiny-vl", {k: v for k, v in cfg["vision_config"].items() if k != "out_hidden_size"}
+    )
+    files, ref = build(tmp_path / "hf", tmp_path / "m.ninfer", version, "groupwise", model_id="tiny-vl")
+    art = open_artifact(files[0])
+    assert art.has_component("vision") and art.not_loaded("vision") is None
+    tower = vision_tower(art, EngineConfig())
+    assert sum(n.startswith("model.visual.") for n in ref) == len(hf.model.visual.state_dict())
+    with torch.no_grad():
+        before = {n: t.clone() for n, t in hf.model.visual.state_dict().items()}
+        deq = {n: t.bfloat16().float() if n.startswith("model.visual.") else t for n, t in ref.items()}
+        _, unexpected = hf.load_state_dict(deq, strict=False)
+        assert not unexpected
+        assert any(not torch.equal(before[n], t) for n, t in hf.model.visual.state_dict().items())
+        grid = torch.tensor([(1, 4, 6), (2, 2, 4)])
+        pixels = torch.randn(int(grid.prod(-1).sum()), 1536, generator=torch.Generator().manual_seed(3))
+        torch.testing.assert_close(
+            tower(pixels, grid), hf.model.visual(pixels, grid_thw=grid).pooler_output, atol=1e-4, rtol=0
+        )
+        p = mm_prompt([*with_media([5, 6, 7], [IDS.image_pad]), 8, 9], [image(64, 96, 0)])
+        want = hf.generate(**p.hf_inputs(), max_new_tokens=8, do_sample=False, pad_token_id=0)[
+            0, len(p.ids) :
+        ]
+    engine = make_engine(
+        VL(hf, load_model(art.config, art.load_tensors("text"), torch.float32, "cpu"), tower)
+    )
+    try:
+        assert generate(engine, p, 8)[0] == want.tolist()
+    finally:
+        engine.shutdown()
 
 
 # ----------------------------------------------------------------------------------------- serving
@@ -351,16 +410,22 @@ def test_inspect_and_serve_exit_2_on_a_broken_file(small_files, tmp_path) -> Non
     assert "overlaps" in run.stderr and "object" in run.stderr
 
 
-def test_vision_on_a_seed_file_exits_2_before_anything_loads(small_files) -> None:
-    """The file carries a vision tower we do not load: `--vision` is refused in one line (exit 2),
-    named as not loaded rather than absent; the text model's flags are unaffected."""
-    art = open_artifact(small_files[3][0])
-    assert art.not_loaded("vision") is not None and art.not_loaded("dflash") is None
-    assert art.not_loaded("text") is None and open_artifact(small_files[2][0]).not_loaded("vision") is None
-    serve = Path(sys.executable).with_name("ninfer-serve")
-    run = subprocess.run(
-        [str(serve), str(small_files[3][0]), "--vision"], capture_output=True, text=True, timeout=120
+def test_a_proposal_head_flag_on_a_seed_file_is_refused_before_anything_loads(small_files, tmp_path) -> None:
+    """The file carries the seed's indexed proposal head, which we do not load: `--lm-head-draft`
+    fails the artifact settings check (the one the server and `ninfer` run before binding a port or
+    loading a weight: exit 2, this line) naming it as not loaded rather than absent."""
+    from ninfer.config import ConfigError, check_artifact_settings, load_settings
+
+    files = _copy(small_files[3], tmp_path / "f")
+    _rewrite(files[0], lambda d: d["bindings"].update({"proposal/head": {"object": "text/output_head"}}))
+    art = open_artifact(files[0])
+    assert (
+        art.not_loaded("dflash") is None
+        and open_artifact(small_files[3][0]).not_loaded("lm_head_draft") is None
     )
-    assert run.returncode == 2, run.stderr
-    (line,) = run.stderr.strip().splitlines()
-    assert "vision.enabled" in line and "vision tower of a seed .ninfer file is not loaded" in line, line
+    with pytest.raises(ConfigError) as info:
+        check_artifact_settings(load_settings(["spec.method=mtp", "spec.lm_head_draft=true"]), art)
+    assert str(info.value) == (
+        "spec.lm_head_draft=true: the indexed proposal head of a seed .ninfer file is not loaded "
+        "(the text model and MTP head are): drop --lm-head-draft"
+    )
