@@ -113,8 +113,8 @@ def preset_fields(artifact: Artifact | None) -> dict[str, Any]:
     if artifact is None:
         return {}
     return {
-        "thinking_preset": sampler_preset(artifact.model_id, artifact.family, True),
-        "non_thinking_preset": sampler_preset(artifact.model_id, artifact.family, False),
+        "thinking_preset": sampler_preset(artifact.sampler_model_id, artifact.family, True),
+        "non_thinking_preset": sampler_preset(artifact.sampler_model_id, artifact.family, False),
     }
 
 

@@ -1,4 +1,5 @@
-"""GET /v1/models and /v1/models/{id}: the one public model alias.
+"""GET /v1/models and /v1/models/{id}: the one public model alias (with `max_model_len`, the
+engine's context ceiling, once the model is loaded).
 
 The OpenAI shape by default; a request with Anthropic's headers (``anthropic-version`` or
 ``x-api-key``, as the Anthropic SDK sends) gets Anthropic's ModelInfo shape, which that SDK
@@ -23,6 +24,8 @@ def model_card(ctx: ApiContext, model_id: str) -> dict[str, object]:
         "created": ctx.created,
         "owned_by": "ninfer",
     }
+    if ctx.pipeline is not None:  # the context a request may use (vLLM and the seed list it)
+        card["max_model_len"] = ctx.pipeline.config.max_context
     if ctx.synthetic_weights:  # a benchmark artifact: say so wherever the model is listed
         card["synthetic_weights"] = True
     return card

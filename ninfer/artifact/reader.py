@@ -86,6 +86,11 @@ class Artifact:
         return self.manifest.identity.family
 
     @property
+    def sampler_model_id(self) -> str:
+        """The id whose registered sampler presets the engine takes (`registry.sampler_preset`)."""
+        return self.model_id
+
+    @property
     def display_name(self) -> str:
         return self.manifest.identity.display_name
 
@@ -96,6 +101,10 @@ class Artifact:
     @property
     def components(self) -> tuple[str, ...]:
         return tuple(self.manifest.components)
+
+    def not_loaded(self, component: str) -> str | None:
+        """Why a component this artifact carries is not loaded by us (None: it loads, or is absent)."""
+        return None
 
     def has_component(self, name: str) -> bool:
         return name in self.manifest.components

@@ -9,7 +9,10 @@ the text / MTP tensors our model loads, assembled from the file's objects and bi
 - NVFP4 (matrices and expert banks), row-scaled FP8 and u4z8 objects have no kernel of ours: they
   are dequantized on load to bf16 and run as bf16 weights (full bf16 memory and bandwidth); `inspect`
   and the load log say so.
-- Vision, the DFlash drafters and the indexed proposal head of the file are not loaded (listed).
+- The vision tower (when the file carries its tensors) is the `vision` component, every matrix
+  dense (groupwise ones dequantized to bf16): our tower runs dense weights.
+- The DFlash drafters and the indexed proposal head of the file are not loaded (listed; a flag
+  that asks for one is refused by `not_loaded`).
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ from ninfer.artifact.files import TensorInfo
 from ninfer.artifact.manifest import FORMAT_VERSION, ArtifactIdentity, Component, Manifest
 from ninfer.artifact.quant_store import QuantSpec
 from ninfer.artifact.reader import Artifact
+from ninfer.artifact.registry import lookup
 from ninfer.artifact.seed_container import FORMATS, Part, SeedFile, SeedFormatError, decode, read_seed_file
-from ninfer.artifact.seed_layouts import V2_MODELS, Target, bind, has_mtp, v2_bindings
+from ninfer.artifact.seed_layouts import V2_MODELS, V2_VISION, Target, bind, has_mtp, has_vision, v2_bindings
 from ninfer.artifact.writer import generation_json
 from ninfer.formats.registry import format_of, plane_shapes
-from ninfer.model.config import TextConfig, UnknownArchitectureError
+from ninfer.model.config import DENSE, MOE, TextConfig, UnknownArchitectureError
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +47,12 @@ log = logging.getLogger("ninfer.artifact")
 NATIVE_KINDS = ("direct", "groupwise")  # loaded as stored; every other kind is dequantized to bf16
 _DTYPE_TAG = {"bf16": "BF16", "fp32": "F32", "int32": "I32", "int64": "I64"}
 _SIZES = {"BF16": 2, "F32": 4, "I32": 4, "I64": 8}
+# our component -> (the seed components / logical-name prefixes carrying it, what it is, the flag)
+_UNLOADED = {
+    "dflash": (("dflash", "dflash2"), "DFlash drafter", "--spec dflash"),
+    "lm_head_draft": (("proposal",), "indexed proposal head", "--lm-head-draft"),
+}
+SEED_MODEL_OF_FAMILY = {DENSE: "qwen3.6-27b", MOE: "qwen3.6-35b-a3b"}  # the seed's model per architecture
 
 
 @dataclass
@@ -62,6 +72,28 @@ class SeedArtifact(Artifact):
     @property
     def tokenizer_path(self) -> Path:
         return self.frontend_dir / "tokenizer.json"
+
+    @property
+    def sampler_model_id(self) -> str:
+        """The seed takes its sampler presets from the model it runs, never from the file's
+        generation config: a registered id keeps its own, any other public name those of the seed's
+        model of its architecture (the 35B-A3B's differ from the 27B's)."""
+        return self.model_id if lookup(self.model_id) is not None else SEED_MODEL_OF_FAMILY[self.family]
+
+    def not_loaded(self, component: str) -> str | None:
+        """The file's DFlash drafters and indexed proposal head are not loaded: a flag that asks for
+        one is refused before anything loads (not "the artifact has none")."""
+        if component not in _UNLOADED or component in self.plan:
+            return None
+        seed_components, what, flag = _UNLOADED[component]
+        carried = any(c in self.sf.components for c in seed_components) or any(
+            n.startswith(tuple(c + "/" for c in seed_components)) for n in self.unloaded
+        )
+        if not carried:
+            return None
+        return (
+            f"the {what} of a seed .ninfer file is not loaded (the text model and MTP head are): drop {flag}"
+        )
 
     def media_config(self, name: str) -> dict[str, Any] | None:
         ref = self.sf.resource_roles().get(name)
@@ -267,6 +299,35 @@ def _config(sf: SeedFile, bindings: dict[str, tuple[Part, ...]], gen: dict[str, 
     return dataclasses.replace(cfg, mtp_num_hidden_layers=len(mtp_layers) if has_mtp(sf, bindings) else 0)
 
 
+def _vision_config(sf: SeedFile, out_hidden: int) -> dict[str, Any]:
+    """The vision tower's HF-style config: the v3 `vision` component's, a registered id's for v2;
+    its merger writes the text model's width (`out_hidden_size`, not stored by the seed)."""
+    if sf.version >= 3:
+        if "vision" not in sf.components:
+            raise SeedFormatError(f"{sf.path}: vision tensors but no 'vision' component")
+        cfg = dict(sf.components["vision"].config)
+    elif str(sf.model_id) in V2_VISION:
+        cfg = dict(V2_VISION[str(sf.model_id)])
+    else:
+        raise SeedFormatError(
+            f"{sf.path}: vision tensors, but model_id {sf.model_id!r} has no registered tower"
+        )
+    for key in (
+        "depth",
+        "hidden_size",
+        "intermediate_size",
+        "num_heads",
+        "patch_size",
+        "num_position_embeddings",
+    ):
+        if not isinstance(cfg.get(key), int) or isinstance(cfg.get(key), bool) or cfg[key] <= 0:
+            raise SeedFormatError(
+                f"{sf.path}: vision config: {key} must be a positive integer, not {cfg.get(key)!r}"
+            )
+    cfg.setdefault("out_hidden_size", out_hidden)
+    return cfg
+
+
 def open_seed(path: str | Path) -> SeedArtifact:
     """Open a seed container as an `Artifact` (every problem: `SeedFormatError`)."""
     sf = read_seed_file(path)
@@ -277,13 +338,16 @@ def open_seed(path: str | Path) -> SeedArtifact:
     gen_cfg = _json_resource(sf, roles["generation_config.json"]) if "generation_config.json" in roles else {}
     bindings = sf.bindings if sf.version >= 3 else v2_bindings(sf, _config(sf, {}, gen_cfg))
     config = _config(sf, bindings, gen_cfg)
-    plan_list, unloaded = bind(sf, config, bindings, config.mtp_num_hidden_layers > 0)
+    if has_vision(bindings):
+        config = dataclasses.replace(config, vision=_vision_config(sf, config.hidden_size))
+    plan_list, unloaded = bind(sf, config, bindings, config.mtp_num_hidden_layers > 0, config.vision)
     plan: dict[str, list[tuple[Target, tuple[Part, ...]]]] = {}
     quantized: dict[str, dict[str, QuantSpec]] = {}
     for t, parts in plan_list:
         plan.setdefault(t.component, []).append((t, parts))
         fmts = {sf.objects[p.object].format for p in parts}
-        if len(fmts) == 1 and FORMATS[next(iter(fmts))].kind == "groupwise" and len(t.shape) >= 2:
+        groupwise = len(fmts) == 1 and FORMATS[next(iter(fmts))].kind == "groupwise"
+        if groupwise and len(t.shape) >= 2 and t.component != "vision":  # the tower runs dense weights
             quantized.setdefault(t.component, {})[t.name] = QuantSpec(
                 format_of(next(iter(fmts))).name, t.shape
             )

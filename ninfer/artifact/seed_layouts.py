@@ -14,7 +14,10 @@ Our side (`targets`): the query / gate halves are our `query_proj` / `gate_proj`
 quantized artifact of ours also stores), GDN [q, k] is `in_proj_qk`, v `in_proj_v`, z `in_proj_z`;
 the routed experts of one layer are one bank `[E, 2I, H]` / `[E, H, I]` whose rows are exactly the
 parent's rows, so a groupwise bank is a reshape of the parent's planes (no copy). The GDN convolution
-is stored tap-major `[4, C]` and becomes our `[C, 1, 4]` (a transposing copy of a small tensor)."""
+is stored tap-major `[4, C]` and becomes our `[C, 1, 4]` (a transposing copy of a small tensor).
+The vision tower (`vision_targets`): the patch projection `[H, C*T*P*P]` is our Conv3d weight by
+reshape, `attention/{query,key,value}` (+ `_bias`) our fused `qkv`, `norm1_weight` our `norm1.weight`
+(v2 stores `attention/qkv` and `norm1/weight`: `v2_bindings` gives them the v3 names)."""
 
 from __future__ import annotations
 
@@ -51,7 +54,15 @@ V2_MODELS: dict[str, dict[str, Any]] = {
     "qwen3.8-27b": _DENSE_27B,
     "qwen3.6-35b-a3b": _MOE_35B,
 }
-# logical names of components we do not load (listed by `inspect`, refused nowhere)
+# the vision towers of the registered ids (v2 files carry no config; the upgrade tool's values)
+_VISION = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "patch_size": 16,
+           "temporal_patch_size": 2, "spatial_merge_size": 2, "num_position_embeddings": 2304}  # fmt: skip
+V2_VISION: dict[str, dict[str, Any]] = {
+    "qwen3.6-27b": {"model_type": "qwen3_5_vision", **_VISION},
+    "qwen3.8-27b": {"model_type": "qwen3_5_vision", **_VISION},
+    "qwen3.6-35b-a3b": {"model_type": "qwen3_5_moe_vision", **_VISION},
+}
+# logical names of components we do not load (listed by `inspect`); vision/ is loaded when asked for
 NOT_LOADED = ("vision/", "dflash/", "dflash2/", "proposal/")
 
 
@@ -126,6 +137,44 @@ def _block_targets(c: TextConfig, comp: str, ours: str, seed: str, full: bool) -
     return out
 
 
+def vision_targets(v: dict[str, Any], out_hidden: int) -> list[Target]:
+    """Our `visual.*` tensors (component `vision`) from the seed's vision names: the patch projection
+    stored `[H, C*T*P*P]` is our Conv3d weight by reshape, [query ; key ; value] our fused qkv."""
+    h, i, n = int(v["hidden_size"]), int(v["intermediate_size"]), int(v["num_position_embeddings"])
+    t_, p_, c_ = int(v.get("temporal_patch_size", 2)), int(v["patch_size"]), int(v.get("in_channels", 3))
+    wide = h * int(v.get("spatial_merge_size", 2)) ** 2
+    out: list[Target] = []
+
+    def t(name: str, shape: tuple[int, ...], *src: tuple[str, tuple[int, ...]]) -> None:
+        out.append(Target("vision", "visual." + name, shape, tuple(("vision/" + a, b) for a, b in src)))
+
+    t("patch_embed.proj.weight", (h, c_, t_, p_, p_), ("patch_embedding", (h, c_ * t_ * p_ * p_)))
+    t("patch_embed.proj.bias", (h,), ("patch_embedding_bias", (h,)))
+    t("pos_embed.weight", (n, h), ("position_embedding", (n, h)))
+    for b in range(int(v["depth"])):
+        ours, seed = f"blocks.{b}.", f"layers/{b}/"
+        qkv = ("query", "key", "value")
+        t(ours + "attn.qkv.weight", (3 * h, h), *[(f"{seed}attention/{r}", (h, h)) for r in qkv])
+        t(ours + "attn.qkv.bias", (3 * h,), *[(f"{seed}attention/{r}_bias", (h,)) for r in qkv])
+        for o, s_, shape in (
+            ("attn.proj", "attention/output", (h, h)),
+            ("mlp.linear_fc1", "mlp/fc1", (i, h)),
+            ("mlp.linear_fc2", "mlp/fc2", (h, i)),
+        ):
+            t(ours + o + ".weight", shape, (seed + s_, shape))
+            t(ours + o + ".bias", shape[:1], (seed + s_ + "_bias", shape[:1]))
+        for norm in ("norm1", "norm2"):
+            t(f"{ours}{norm}.weight", (h,), (f"{seed}{norm}_weight", (h,)))
+            t(f"{ours}{norm}.bias", (h,), (f"{seed}{norm}_bias", (h,)))
+    for o, shape in (("linear_fc1", (wide, wide)), ("linear_fc2", (out_hidden, wide))):
+        s_ = "merger/" + o.removeprefix("linear_")
+        t(f"merger.{o}.weight", shape, (s_, shape))
+        t(f"merger.{o}.bias", shape[:1], (s_ + "_bias", shape[:1]))
+    t("merger.norm.weight", (h,), ("merger/norm_weight", (h,)))
+    t("merger.norm.bias", (h,), ("merger/norm_bias", (h,)))
+    return out
+
+
 def targets(c: TextConfig, mtp: bool) -> list[Target]:
     """Every text (and, with `mtp`, MTP) tensor of ours with the seed logical parameters it is made of."""
     h, v = c.hidden_size, c.vocab_size
@@ -189,6 +238,9 @@ def v2_bindings(sf: SeedFile, c: TextConfig) -> dict[str, tuple[Part, ...]]:
             continue
         name = obj.name
         whole = (Part(name, 0, obj.elements),)
+        if name.startswith("vision/"):
+            out.update(_v2_vision(sf, obj.name, obj.elements))
+            continue
         m = _BLOCK.fullmatch(name)
         if m is None:
             if name in ("text/draft_head", "text/draft_head_token_ids"):
@@ -228,6 +280,22 @@ def v2_bindings(sf: SeedFile, c: TextConfig) -> dict[str, tuple[Part, ...]]:
     return out
 
 
+def _v2_vision(sf: SeedFile, name: str, n: int) -> dict[str, tuple[Part, ...]]:
+    """A v2 vision object's logical names: qkv (and its bias) split in three, `norm*/weight` ->
+    `norm*_weight` (the v3 spelling)."""
+    if name.endswith(("/attention/qkv", "/attention/qkv_bias")):
+        if n % 3:
+            raise SeedFormatError(f"{sf.path}: object {name!r}: {n} elements do not split in three")
+        base, bias = name.rsplit("/", 1)[0], "_bias" if name.endswith("_bias") else ""
+        third = n // 3
+        return {
+            f"{base}/{r}{bias}": (Part(name, k * third, (k + 1) * third),)
+            for k, r in enumerate(("query", "key", "value"))
+        }
+    logical = re.sub(r"/(norm\d?)/(weight|bias)$", r"/\1_\2", name)
+    return {logical: (Part(name, 0, n),)}
+
+
 def has_mtp(sf: SeedFile, bindings: dict[str, tuple[Part, ...]]) -> bool:
     """Whether the file carries the MTP head (v3: the component; v2: its objects)."""
     if sf.version >= 3:
@@ -235,15 +303,26 @@ def has_mtp(sf: SeedFile, bindings: dict[str, tuple[Part, ...]]) -> bool:
     return any(n.startswith("mtp/") for n in bindings)
 
 
+def has_vision(bindings: dict[str, tuple[Part, ...]]) -> bool:
+    """Whether the file carries the vision tower's tensors (a declared component alone is not one)."""
+    return any(n.startswith("vision/") for n in bindings)
+
+
 def bind(
-    sf: SeedFile, c: TextConfig, bindings: dict[str, tuple[Part, ...]], mtp: bool
+    sf: SeedFile,
+    c: TextConfig,
+    bindings: dict[str, tuple[Part, ...]],
+    mtp: bool,
+    vision: dict[str, Any] | None = None,
 ) -> tuple[list[tuple[Target, tuple[Part, ...]]], list[str]]:
     """Our tensors with the object parts they are made of, and the logical names left unloaded
-    (vision, DFlash, the proposal head). A missing parameter, a wrong element count, or a text / MTP
-    name our model does not have is a `SeedFormatError` naming it."""
+    (DFlash, the proposal head; the vision tower without `vision`, its HF-style config). A missing
+    parameter, a wrong element count, or a text / MTP name our model does not have is a
+    `SeedFormatError` naming it."""
     plan: list[tuple[Target, tuple[Part, ...]]] = []
     used: set[str] = set()
-    for t in targets(c, mtp):
+    wanted = targets(c, mtp) + ([] if vision is None else vision_targets(vision, c.hidden_size))
+    for t in wanted:
         parts: list[Part] = []
         for logical, shape in t.sources:
             got = bindings.get(logical)

@@ -107,12 +107,23 @@ def check_against_artifact(
     max_position_embeddings: int | None = None,
     has_lm_head_draft: bool | None = None,
     has_dflash: bool | None = None,
+    not_loaded: dict[str, str] | None = None,
 ) -> None:
     """Rules that need the opened artifact; the service calls this before allocating anything.
 
     ``family`` is the text family (``qwen3_5`` dense or ``qwen3_5_moe``); the optional facts are
-    checked only when given. Raises ConfigError naming the setting that the artifact cannot honour.
+    checked only when given; ``not_loaded`` maps a component the artifact carries but this server
+    does not load (``vision``, ``dflash``, ``lm_head_draft``) to why. Raises ConfigError naming the
+    setting that the artifact cannot honour.
     """
+    unloaded = not_loaded or {}
+    for key, on, comp in (
+        ("vision.enabled", settings.vision.enabled, "vision"),
+        ("spec.method", settings.spec.method == "dflash", "dflash"),
+        ("spec.lm_head_draft", settings.spec.lm_head_draft, "lm_head_draft"),
+    ):
+        if on and comp in unloaded:
+            raise ConfigError.for_key(key, "dflash" if comp == "dflash" else True, unloaded[comp])
     if settings.spec.method == "dflash" and family != MOE_FAMILY:
         raise ConfigError.for_key(
             "spec.method",
@@ -161,6 +172,8 @@ class OpenedArtifact(Protocol):
 
     def has_component(self, name: str) -> bool: ...
 
+    def not_loaded(self, component: str) -> str | None: ...
+
 
 def check_artifact_settings(settings: Settings, artifact: OpenedArtifact) -> None:
     """`check_against_artifact` with every fact of an opened artifact (its manifest only, no
@@ -174,4 +187,9 @@ def check_artifact_settings(settings: Settings, artifact: OpenedArtifact) -> Non
         max_position_embeddings=artifact.config.max_position_embeddings,
         has_lm_head_draft=artifact.has_component("lm_head_draft"),
         has_dflash=artifact.has_component("dflash"),
+        not_loaded={
+            c: why
+            for c in ("vision", "dflash", "lm_head_draft")
+            if (why := artifact.not_loaded(c)) is not None
+        },
     )

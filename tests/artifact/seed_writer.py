@@ -4,8 +4,9 @@ references). It imports nothing from `ninfer` (no shared code with the reader): 
 (MAXABS groupwise, an NVFP4 import with a max-abs divisor, row-scaled FP8), its own plane packing,
 NVFP4 scale swizzle, framing, part splitting and bindings.
 
-`build(hf_dir, out, version, recipe)` turns a tiny Hugging Face Qwen3.5 checkpoint (dense) into a
-seed file and returns the dequantized weights under the checkpoint's names (fp32), for
+`build(hf_dir, out, version, recipe)` turns a tiny Hugging Face Qwen3.5 checkpoint (dense, or MoE
+with the "moe" recipe: the 35B-A3B's parents and formats; a VL checkpoint adds its vision tower in
+the seed's inventory and formats) into a seed file and returns the dequantized weights under the checkpoint's names (fp32), for
 transformers to run as the reference."""
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ class Obj:
     shape: list[int] = field(default_factory=list)
     fmt: str = ""
     rows: list[tuple[str, int]] = field(default_factory=list)  # v3 bindings: (logical, rows) of a parent
+    logical: str = ""  # v3 binding of a whole object named otherwise than the object (moe/shared/down)
 
 
 def _directory_objects(objs: list[Obj], version: int) -> tuple[list[dict[str, Any]], int]:
@@ -190,9 +192,9 @@ def bindings_of(objs: list[Obj]) -> dict[str, Any]:
         if o.kind != "tensor":
             continue
         if not o.rows:  # the logical name is the object's, the MTP block renamed as v3 names it
-            out[o.name.replace("mtp/layer/", "mtp/layers/0/")] = {"object": o.name}
+            out[o.logical or o.name.replace("mtp/layer/", "mtp/layers/0/")] = {"object": o.name}
             continue
-        width = o.shape[1]
+        width = o.shape[1] if len(o.shape) > 1 else 1
         cur = 0
         for logical, r in o.rows:
             out[logical] = {"parts": [{"object": o.name, "range": [cur * width, (cur + r) * width]}]}
@@ -258,20 +260,28 @@ RECIPES = {
     # an NVFP4 contract: single-parent attention, NVFP4 where N % 128 == 0, row FP8 elsewhere
     "nvfp4": {"embed": "q8", "head": "nvfp4", "qkgv": "nvfp4", "o": "fp8row", "gqkvz": "bf16", "go": "fp8row",
               "gate_up": "nvfp4", "down": "fp8row", "mtp": "q8"},
+    # the 35B-A3B groupwise-int contract: W8 attention / GDN / shared experts / embedding, routed
+    # gate/up Q4, routed down Q5 (Q6 on the last layer), head Q6, [a, b] and router parents bf16
+    "moe": {"embed": "q8", "head": "q6", "qkgv": "q8", "o": "q8", "gqkvz": "q8", "go": "q8", "ab_fused": "bf16",
+            "routed_gate_up": "q4", "routed_down": "q5", "routed_down_last": "q6", "shared": "q8", "mtp": "q8"},
 }  # fmt: skip
 
 
 def build(
     hf_dir: Path, out: Path, version: int, recipe: str, *, model_id: str = "tiny-seed", limit: int = 32_000_000_000,
-    tokenizer: bytes = b"{}", template: str = "{{ messages }}",
+    tokenizer: bytes = b"{}", template: str = "{{ messages }}", formats: dict[str, str] | None = None,
 ) -> tuple[list[Path], dict[str, torch.Tensor]]:  # fmt: skip
-    """A seed file of a tiny dense checkpoint; (files written, dequantized weights by HF name)."""
-    r = RECIPES[recipe]
+    """A seed file of a tiny dense or MoE checkpoint; (files written, dequantized weights by HF name).
+    `formats` replaces entries of the recipe (e.g. a bf16 embedding and head for a full vocabulary)."""
+    r = {**RECIPES[recipe], **(formats or {})}
     cfg = json.loads((hf_dir / "config.json").read_text())
     text = cfg.get("text_config") or cfg
     sd: dict[str, torch.Tensor] = {}
     for f in sorted(hf_dir.glob("*.safetensors")):
         sd.update(load_file(f))
+    vl = "vision_config" in cfg  # a VL checkpoint: text under model.language_model., vision model.visual.
+    if vl:
+        sd = {k.replace("model.language_model.", "model.", 1): t for k, t in sd.items()}
     h, hd, nh, nkv = (
         text["hidden_size"],
         text["head_dim"],
@@ -280,7 +290,15 @@ def build(
     )
     kd = text["linear_num_key_heads"] * text["linear_key_head_dim"]
     vd = text["linear_num_value_heads"] * text["linear_value_head_dim"]
-    inter = text["intermediate_size"]
+    moe = "num_experts" in text
+    inter = text.get("intermediate_size")
+    if moe:
+        e, ie, si = (
+            text["num_experts"],
+            text["moe_intermediate_size"],
+            text["shared_expert_intermediate_size"],
+        )
+    n_layers = text["num_hidden_layers"]
     objs: list[Obj] = []
     ref: dict[str, torch.Tensor] = {}
     gen = (hf_dir / "generation_config.json").read_bytes()
@@ -338,8 +356,15 @@ def build(
             ref[g_ + "conv1d.weight"] = put(
                 dst + "gdn/convolution", conv[:, 0, :].t().contiguous(), "bf16"
             ).t()[:, None, :]
-            ref[g_ + "in_proj_a.weight"] = put(dst + "gdn/a_projection", sd[g_ + "in_proj_a.weight"], "bf16")
-            ref[g_ + "in_proj_b.weight"] = put(dst + "gdn/b_projection", sd[g_ + "in_proj_b.weight"], "bf16")
+            a_, b_ = sd[g_ + "in_proj_a.weight"], sd[g_ + "in_proj_b.weight"]
+            if r.get("ab_fused"):  # the 35B-A3B's [a, b] parent
+                nv = a_.shape[0]
+                ref[g_ + "in_proj_a.weight"], ref[g_ + "in_proj_b.weight"] = split(
+                    put(dst + "gdn/a_b_projection", torch.cat([a_, b_]), "bf16",
+                        [(logical + "gdn/a_projection", nv), (logical + "gdn/b_projection", nv)]), [nv, nv])  # fmt: skip
+            else:
+                ref[g_ + "in_proj_a.weight"] = put(dst + "gdn/a_projection", a_, "bf16")
+                ref[g_ + "in_proj_b.weight"] = put(dst + "gdn/b_projection", b_, "bf16")
             names = [
                 (logical + "gdn/" + n, s) for n, s in (("query", kd), ("key", kd), ("value", vd), ("z", vd))
             ]
@@ -359,11 +384,91 @@ def build(
             dst + "post_attention_norm", sd[src + "post_attention_layernorm.weight"], "bf16"
         )
         p = src + "mlp."
+        if moe:
+            return moe_ffn(p, dst, logical, mat)
         gate, up = split(put(dst + "mlp/gate_up", torch.cat([sd[p + "gate_proj.weight"], sd[p + "up_proj.weight"]]),
                              m("gate_up"), [(logical + "mlp/gate", inter), (logical + "mlp/up", inter)]),
                          [inter, inter])  # fmt: skip
         ref[p + "gate_proj.weight"], ref[p + "up_proj.weight"] = gate, up
         ref[p + "down_proj.weight"] = put(dst + "mlp/down", sd[p + "down_proj.weight"], m("down"))
+
+    def moe_ffn(p: str, dst: str, logical: str, mat: str | None) -> None:
+        """35B-A3B: [router ; shared-expert gate] bf16, routed gate/up and down expert-major, shared
+        [gate, up] and down; one W8 format for all of them in the MTP layer (`mat`)."""
+        router, score = sd[p + "gate.weight"], sd[p + "shared_expert_gate.weight"]
+        ref[p + "gate.weight"], ref[p + "shared_expert_gate.weight"] = split(
+            put(dst + "moe/router_shared_gate", torch.cat([router, score]), "bf16",
+                [(logical + "moe/router", e), (logical + "moe/shared_score", 1)]), [e, 1])  # fmt: skip
+        if p + "experts.gate_up_proj" in sd:  # [E, 2I, H], [E, H, I]
+            gu, dn = sd[p + "experts.gate_up_proj"], sd[p + "experts.down_proj"]
+        else:  # save_pretrained writes one key per expert and projection
+            x_ = p + "experts."
+            gu = torch.stack(
+                [
+                    torch.cat([sd[f"{x_}{x}.gate_proj.weight"], sd[f"{x_}{x}.up_proj.weight"]])
+                    for x in range(e)
+                ]
+            )
+            dn = torch.stack([sd[f"{x_}{x}.down_proj.weight"] for x in range(e)])
+        names = [(f"{logical}moe/experts/{x}/{n}", ie) for x in range(e) for n in ("gate", "up")]
+        ref[p + "experts.gate_up_proj"] = put(
+            dst + "moe/routed_gate_up", gu.reshape(e * 2 * ie, h), mat or r["routed_gate_up"], names
+        ).view(e, 2 * ie, h)
+        down_fmt = mat or r["routed_down_last" if p == f"model.layers.{n_layers - 1}.mlp." else "routed_down"]
+        names = [(f"{logical}moe/experts/{x}/down", h) for x in range(e)]
+        ref[p + "experts.down_proj"] = put(
+            dst + "moe/routed_down", dn.reshape(e * h, ie), down_fmt, names
+        ).view(e, h, ie)
+        s_ = p + "shared_expert."
+        ref[s_ + "gate_proj.weight"], ref[s_ + "up_proj.weight"] = split(
+            put(dst + "moe/shared_gate_up", torch.cat([sd[s_ + "gate_proj.weight"], sd[s_ + "up_proj.weight"]]),
+                mat or r["shared"], [(logical + "moe/shared/gate", si), (logical + "moe/shared/up", si)]),
+            [si, si])  # fmt: skip
+        ref[s_ + "down_proj.weight"] = put(
+            dst + "moe/shared_down", sd[s_ + "down_proj.weight"], mat or r["shared"]
+        )
+        objs[-1].logical = logical + "moe/shared/down"
+
+    def vision(vc: dict[str, Any]) -> None:
+        """The tower (the 35B-A3B's inventory order and formats): qkv / fc1 Q4, output / fc2 Q5,
+        patch Q6, merger W8, the rest bf16; qkv and its bias split [query, key, value] by binding."""
+        v, hv = "model.visual.", vc["hidden_size"]
+        pw = sd[v + "patch_embed.proj.weight"]
+        ref[v + "patch_embed.proj.weight"] = put(
+            "vision/patch_embedding", pw.reshape(pw.shape[0], -1), "q6"
+        ).view(pw.shape)
+        ref[v + "patch_embed.proj.bias"] = put(
+            "vision/patch_embedding_bias", sd[v + "patch_embed.proj.bias"], "bf16"
+        )
+        ref[v + "pos_embed.weight"] = put("vision/position_embedding", sd[v + "pos_embed.weight"], "bf16")
+
+        def linear(src: str, dst: str, fmt: str, rows: list[tuple[str, int]] | None = None) -> None:
+            ref[src + ".weight"] = put(dst, sd[src + ".weight"], fmt, rows)
+            ref[src + ".bias"] = put(
+                dst + "_bias", sd[src + ".bias"], "bf16", [(n + "_bias", r) for n, r in rows or []]
+            )
+
+        def norm(src: str, dst: str) -> None:
+            for part in ("weight", "bias"):
+                ref[f"{src}.{part}"] = put(f"{dst}/{part}", sd[f"{src}.{part}"], "bf16")
+                objs[-1].logical = f"{dst}_{part}"
+
+        for b in range(vc["depth"]):
+            s_, d = f"{v}blocks.{b}.", f"vision/layers/{b}/"
+            linear(
+                s_ + "attn.qkv",
+                d + "attention/qkv",
+                "q4",
+                [(d + "attention/" + r, hv) for r in ("query", "key", "value")],
+            )
+            linear(s_ + "attn.proj", d + "attention/output", "q5")
+            linear(s_ + "mlp.linear_fc1", d + "mlp/fc1", "q4")
+            linear(s_ + "mlp.linear_fc2", d + "mlp/fc2", "q5")
+            norm(s_ + "norm1", d + "norm1")
+            norm(s_ + "norm2", d + "norm2")
+        linear(v + "merger.linear_fc1", "vision/merger/fc1", "q8")
+        linear(v + "merger.linear_fc2", "vision/merger/fc2", "q8")
+        norm(v + "merger.norm", "vision/merger/norm")
 
     ref["model.embed_tokens.weight"] = put(
         "text/token_embedding", sd["model.embed_tokens.weight"], r["embed"]
@@ -382,20 +487,34 @@ def build(
             ref[f"mtp.{ours}.weight"] = put(f"mtp/{theirs}", sd[f"mtp.{ours}.weight"], "bf16")
         block("mtp.layers.0.", "mtp/layer/", "mtp/layers/0/", True, mat=r["mtp"])
         ref["mtp.norm.weight"] = put("mtp/final_norm", sd["mtp.norm.weight"], "bf16")
+    if vl:
+        vision(cfg["vision_config"])
+        ref = {
+            k if k.startswith(("model.visual.", "lm_head", "mtp.")) else "model.language_model." + k[6:]: t
+            for k, t in ref.items()
+        }
     files = [out]
     if version == 2:
-        write_v2(out, objs, model_id, "groupwise-int" if recipe == "groupwise" else "nvfp4")
+        write_v2(out, objs, model_id, "nvfp4" if recipe == "nvfp4" else "groupwise-int")
     else:
         text_cfg = {k: v for k, v in text.items() if k != "mtp_num_hidden_layers"}
         comps: dict[str, Any] = {
             "text": {"config": text_cfg, "resources": {n: "frontend/" + n for n in list(res)[:4]}},
-            "vision": {"config": {"model_type": "qwen3_5_vision"}, "target": "text",
+            "vision": {"config": _vision_config(cfg.get("vision_config")), "target": "text",
                        "resources": {n: "frontend/" + n for n in list(res)[4:]}},
         }  # fmt: skip
         if has_mtp:
-            comps["mtp"] = {"config": {"architectures": ["Qwen3_5MTP"]}, "target": "text"}
+            arch = "Qwen3_5MoeMTP" if moe else "Qwen3_5MTP"
+            comps["mtp"] = {"config": {"architectures": [arch]}, "target": "text"}
         files = write_v3(out, objs, comps, limit=limit, metadata={"name": model_id})
     return files, {k: v.float() for k, v in ref.items()}
+
+
+def _vision_config(vc: dict[str, Any] | None) -> dict[str, Any]:
+    """The v3 vision component's config as the seed writes it (no `out_hidden_size`)."""
+    keys = ("depth", "hidden_size", "intermediate_size", "num_heads", "patch_size", "temporal_patch_size",
+            "spatial_merge_size", "num_position_embeddings")  # fmt: skip
+    return {"model_type": "qwen3_5_vision", **{k: vc[k] for k in keys if vc is not None}}
 
 
 def elements(shape: list[int]) -> int:

@@ -23,10 +23,11 @@ from ninfer import LLM, SamplingParams
 from ninfer.artifact import open_artifact
 from ninfer.artifact.cli import main as artifact_main
 from ninfer.artifact.seed_container import SeedFormatError
-from ninfer.artifact.seed_layouts import V2_MODELS
+from ninfer.artifact.seed_layouts import V2_MODELS, V2_VISION
 from tests.artifact.seed_writer import build
 
 MODEL_ID = "tiny-seed"
+MOE_ID = "tiny-seed-moe"
 PART_LIMIT = 6_000_000  # splits a tiny v3 file (its 15 MB tokenizer included) into three parts
 
 
@@ -41,6 +42,11 @@ def frontend() -> dict[str, Any]:
     from ninfer.text.builder import cached_tokenizer_json
 
     return {"tokenizer": Path(cached_tokenizer_json()).read_bytes(), "template": read_template("qwen3_6")}
+
+
+@pytest.fixture(scope="module")
+def hf_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_hf_checkpoint(tmp_path_factory.mktemp("seed") / "moe", "moe", seed=5, with_mtp=True)
 
 
 @pytest.fixture(autouse=True)
@@ -59,8 +65,6 @@ def _build(
     ("version", "recipe"), [(2, "groupwise"), (3, "groupwise"), (2, "nvfp4"), (3, "nvfp4")]
 )
 def test_engine_on_a_seed_file_matches_transformers(hf_dir, frontend, tmp_path, version, recipe) -> None:
-    from transformers import AutoModelForCausalLM
-
     files, ref = _build(hf_dir, tmp_path / "m.ninfer", version, recipe, frontend)
     assert (len(files) > 1) == (version == 3)  # v3: continuation parts, objects straddling them
     art = open_artifact(files[0])
@@ -81,6 +85,14 @@ def test_engine_on_a_seed_file_matches_transformers(hf_dir, frontend, tmp_path, 
         assert "lm_head.weight" in art.dequantized_on_load()
         exact = ("mtp.", "model.embed_tokens", "A_log", "dt_bias")  # W8 and fp32: loaded as stored
         ref = {n: (t if any(e in n for e in exact) else t.bfloat16().float()) for n, t in ref.items()}
+    _same_as_transformers(hf_dir, files[0], ref)
+
+
+def _same_as_transformers(hf_dir: Path, path: Path, ref: dict[str, torch.Tensor]) -> None:
+    """transformers on the dequantized weights `ref` = the engine on the seed file: logits and 16
+    greedy tokens of a 60-token prompt (and the formats did change the model)."""
+    from transformers import AutoModelForCausalLM
+
     hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     prompt = torch.randint(
         0, hf.config.vocab_size, (60,), generator=torch.Generator().manual_seed(1)
@@ -94,11 +106,31 @@ def test_engine_on_a_seed_file_matches_transformers(hf_dir, frontend, tmp_path, 
         want = hf(torch.tensor([prompt])).logits[0]
         want_gen = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)
     assert (original - want).abs().max() / want.abs().max() > 1e-3  # the formats changed the model
-    llm = LLM(files[0])
+    llm = LLM(path)
     got = llm.logits(prompt)
     assert (got - want).abs().max() / want.abs().max() <= 1e-4
     out = llm.generate([prompt], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))[0]
     assert list(out.token_ids) == want_gen[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_engine_on_a_moe_seed_file_matches_transformers(
+    hf_moe, frontend, tmp_path, monkeypatch, version
+) -> None:
+    """The 35B-A3B contract: one [q, k, gate, v] and one [q, k, v, z] parent, [a, b] and [router ;
+    shared gate] bf16 parents, routed experts as expert-major Q4 / Q5 (Q6) parents, W8 elsewhere."""
+    monkeypatch.setitem(V2_MODELS, MOE_ID, json.loads((hf_moe / "config.json").read_text()))
+    files, ref = build(hf_moe, tmp_path / "m.ninfer", version, "moe", model_id=MOE_ID, **frontend)
+    art = open_artifact(files[0])
+    assert art.model_id == MOE_ID and art.has_component("mtp") and art.dequantized_on_load() == []
+    text, last = art.load_tensors("text"), len(art.config.layer_types) - 1
+    bank = text["model.layers.0.mlp.experts.gate_up_proj"]
+    assert bank.fmt.name == "q4_g64" and bank.shape == (8, 64, 64)
+    assert text["model.layers.0.mlp.experts.down_proj"].fmt.name == "q5_g64"
+    assert text[f"model.layers.{last}.mlp.experts.down_proj"].fmt.name == "q6_g64"
+    mtp = art.load_tensors("mtp")
+    assert mtp["mtp.layers.0.mlp.experts.down_proj"].fmt.name == "q8_g32"
+    _same_as_transformers(hf_moe, files[0], ref)
 
 
 def test_inspect_and_import(hf_dir, frontend, tmp_path, capsys) -> None:
@@ -119,6 +151,128 @@ def test_inspect_and_import(hf_dir, frontend, tmp_path, capsys) -> None:
             u.dequantize() if hasattr(u, "dequantize") else u,
         )
     assert src.media_config("preprocessor_config.json") == ours.media_config("preprocessor_config.json")
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_the_vision_tower_of_a_seed_file_matches_transformers(tmp_path, monkeypatch, version) -> None:
+    """A VL checkpoint's tower written as the seed stores it (qkv / fc1 Q4, output / fc2 Q5, patch Q6,
+    merger W8, [q ; k ; v] and v2 `norm1/weight` names bound onto ours): loaded by `--vision`'s path
+    (dense bf16 weights) it equals transformers' `model.visual` on the writer's dequantized weights
+    (fp32), and an image request through the engine gives transformers' greedy tokens."""
+    from ninfer.bootstrap import vision_tower
+    from ninfer.engine.config import EngineConfig
+    from ninfer.model.weights import load_model
+    from tests.vision.hf_tiny import hf_vl_model
+    from tests.vision.vl_engine import (
+        IDS,
+        TOP,
+        VL,
+        _sharpen,
+        generate,
+        image,
+        make_engine,
+        mm_prompt,
+        with_media,
+    )
+
+    hf = hf_vl_model("dense", seed=5, **TOP)
+    _sharpen(hf)  # media and positions visibly steer the greedy tokens
+    hf.eval().save_pretrained(tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    monkeypatch.setitem(V2_MODELS, "tiny-vl", {**cfg["text_config"], "architectures": ["Qwen3_5ForCausalLM"]})
+    monkeypatch.setitem(
+        V2_VISION, "tiny-vl", {k: v for k, v in cfg["vision_config"].items() if k != "out_hidden_size"}
+    )
+    files, ref = build(tmp_path / "hf", tmp_path / "m.ninfer", version, "groupwise", model_id="tiny-vl")
+    art = open_artifact(files[0])
+    assert art.has_component("vision") and art.not_loaded("vision") is None
+    tower = vision_tower(art, EngineConfig())
+    assert sum(n.startswith("model.visual.") for n in ref) == len(hf.model.visual.state_dict())
+    with torch.no_grad():
+        before = {n: t.clone() for n, t in hf.model.visual.state_dict().items()}
+        deq = {n: t.bfloat16().float() if n.startswith("model.visual.") else t for n, t in ref.items()}
+        _, unexpected = hf.load_state_dict(deq, strict=False)
+        assert not unexpected
+        assert any(not torch.equal(before[n], t) for n, t in hf.model.visual.state_dict().items())
+        grid = torch.tensor([(1, 4, 6), (2, 2, 4)])
+        pixels = torch.randn(int(grid.prod(-1).sum()), 1536, generator=torch.Generator().manual_seed(3))
+        torch.testing.assert_close(
+            tower(pixels, grid), hf.model.visual(pixels, grid_thw=grid).pooler_output, atol=1e-4, rtol=0
+        )
+        p = mm_prompt([*with_media([5, 6, 7], [IDS.image_pad]), 8, 9], [image(64, 96, 0)])
+        want = hf.generate(**p.hf_inputs(), max_new_tokens=8, do_sample=False, pad_token_id=0)[
+            0, len(p.ids) :
+        ]
+    engine = make_engine(
+        VL(hf, load_model(art.config, art.load_tensors("text"), torch.float32, "cpu"), tower)
+    )
+    try:
+        assert generate(engine, p, 8)[0] == want.tolist()
+    finally:
+        engine.shutdown()
+
+
+# ----------------------------------------------------------------------------------------- serving
+# the seed's registered sampler presets of the 35B-A3B (its serving doc): thinking and non-thinking
+SEED_35B_THINKING = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0,
+                     "presence_penalty": 1.5, "frequency_penalty": 0.0}  # fmt: skip
+SEED_35B_NON_THINKING = {**SEED_35B_THINKING, "temperature": 0.7, "top_p": 0.80}
+
+
+def _full_vocab(hf_dir: Path, out: Path, vocab: int = 248320) -> Path:
+    """A copy of a tiny checkpoint whose embedding and head have the tokenizer's vocabulary (random rows)."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir()
+    for f in hf_dir.iterdir():
+        if f.suffix != ".safetensors" and f.name != "config.json":
+            (out / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg["vocab_size"] = vocab
+    (out / "config.json").write_text(json.dumps(cfg))
+    g = torch.Generator().manual_seed(0)
+    for f in hf_dir.glob("*.safetensors"):
+        sd = load_file(f)
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):
+            if name in sd:
+                sd[name] = torch.randn(vocab, sd[name].shape[1], generator=g) * 0.1
+        save_file(sd, out / f.name)
+    return out
+
+
+def test_a_seed_file_serves_under_its_public_name_with_the_seeds_presets(hf_moe, frontend, tmp_path) -> None:
+    """`model.artifact=FILE` (what `ninfer-serve FILE` sets): /v1/models lists the file's
+    `metadata.name` with the context it serves, a chat completion for that id answers, and the
+    sampler presets are the seed's for its model (the file's generation config has other values)."""
+    from openai import OpenAI
+
+    from tests.service.conftest import API_KEY, start_server, stop_server
+
+    hf = _full_vocab(hf_moe, tmp_path / "hf")
+    files, _ = build(
+        hf,
+        tmp_path / "m.ninfer",
+        3,
+        "moe",
+        model_id=MOE_ID,
+        formats={"embed": "bf16", "head": "bf16"},
+        **frontend,
+    )
+    overrides = ["engine.device=cpu", f"model.artifact={files[0]}", "engine.max_context=512"]
+    srv = start_server(tmp_path, overrides)
+    try:
+        client = OpenAI(base_url=f"{srv.url}/v1", api_key=API_KEY)
+        (card,) = client.models.list().data
+        assert card.id == MOE_ID and card.model_extra["max_model_len"] == 512
+        out = client.chat.completions.create(
+            model=MOE_ID, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        )
+        assert out.model == MOE_ID and out.usage.completion_tokens == 4
+        presets = next(e for e in srv.events() if e["event"] == "server_start")["engine"]["sampler_presets"]
+        for mode, want in (("thinking", SEED_35B_THINKING), ("non_thinking", SEED_35B_NON_THINKING)):
+            assert {k: presets[mode][k] for k in want} == want, mode
+    finally:
+        assert stop_server(srv) == 0, srv.stderr_path.read_text()[-3000:]
 
 
 # ----------------------------------------------------------------------------------------- malformed
@@ -254,3 +408,24 @@ def test_inspect_and_serve_exit_2_on_a_broken_file(small_files, tmp_path) -> Non
     run = subprocess.run([str(serve), str(path)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr
     assert "overlaps" in run.stderr and "object" in run.stderr
+
+
+def test_a_proposal_head_flag_on_a_seed_file_is_refused_before_anything_loads(small_files, tmp_path) -> None:
+    """The file carries the seed's indexed proposal head, which we do not load: `--lm-head-draft`
+    fails the artifact settings check (the one the server and `ninfer` run before binding a port or
+    loading a weight: exit 2, this line) naming it as not loaded rather than absent."""
+    from ninfer.config import ConfigError, check_artifact_settings, load_settings
+
+    files = _copy(small_files[3], tmp_path / "f")
+    _rewrite(files[0], lambda d: d["bindings"].update({"proposal/head": {"object": "text/output_head"}}))
+    art = open_artifact(files[0])
+    assert (
+        art.not_loaded("dflash") is None
+        and open_artifact(small_files[3][0]).not_loaded("lm_head_draft") is None
+    )
+    with pytest.raises(ConfigError) as info:
+        check_artifact_settings(load_settings(["spec.method=mtp", "spec.lm_head_draft=true"]), art)
+    assert str(info.value) == (
+        "spec.lm_head_draft=true: the indexed proposal head of a seed .ninfer file is not loaded "
+        "(the text model and MTP head are): drop --lm-head-draft"
+    )
