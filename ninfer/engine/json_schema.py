@@ -10,16 +10,20 @@ path (JSON-pointer-like, `properties/a/maxLength`) and the keyword:
   `maximum` / `exclusiveMinimum` / `exclusiveMaximum`, `multipleOf` (integers), `minLength` /
   `maxLength`, `pattern`, `format` (`date`, `time`, `date-time`, `uuid`, `email`, `ipv4`), local
   `$ref` into `$defs` / `definitions` (recursion included), `anyOf`, `oneOf` (branches that
-  provably exclude each other), `allOf` (one subschema);
+  provably exclude each other), `allOf` (merged into one schema);
 * refused: the keywords xgrammar ignores or gets wrong (`not`, `if` / `then` / `else`,
   `uniqueItems`, `patternProperties`, `propertyNames`, `contains`, `dependentRequired`, ...),
-  other formats defined by JSON Schema (`uri`, `hostname`, ...), `allOf` with several subschemas,
-  `oneOf` branches that may overlap, validation keywords beside `$ref`, a `$ref` that does not
-  resolve, a length bound beside a `pattern` or `format` that does not bound the length itself;
+  other formats defined by JSON Schema (`uri`, `hostname`, ...), `allOf` subschemas (or keywords
+  beside a `$ref` / `anyOf` / `oneOf`) that constrain one keyword in ways that do not combine,
+  `oneOf` branches that may overlap, a `$ref` that does not resolve, a length bound beside a
+  `pattern` or `format` that does not bound the length itself;
 * annotations and unknown keywords (`title`, `description`, `format: int64`, `x-*`) are dropped;
 * rewritten: `format` becomes an exact `pattern` (xgrammar's `date` takes 02-31: here each month
   has its own day range and February 29 needs a leap year); `pattern: ^[A-Z]+$` with a length
-  bound becomes `^[A-Z]{min,max}$`; integer bounds that are not whole numbers are rounded inward.
+  bound becomes `^[A-Z]{min,max}$`; integer bounds that are not whole numbers are rounded inward;
+  `allOf` is merged, keywords beside a `$ref` go into (a copy of) what it points to and those
+  beside `anyOf` / `oneOf` into each branch, and type-specific keywords without a `type` bring
+  theirs (xgrammar ignores all of these where they stand).
 
 `json_strings` fixes xgrammar's printed grammar: its length-bounded strings admit raw control
 characters (a TAB), which JSON forbids, and its JSON-string regexes admit strings outside their
@@ -48,6 +52,17 @@ SCALAR = {"type", "enum", "const", "required", "minItems", "maxItems", "minPrope
           "maxProperties", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
           "multipleOf", "minLength", "maxLength", "pattern", "format"}  # fmt: skip
 SUBSCHEMA = {"additionalProperties", "items"}
+TYPE_KEYWORDS = {
+    "string": {"minLength", "maxLength", "pattern"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
+    "array": {"items", "prefixItems", "minItems", "maxItems"},
+    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties"},
+}
+CONSTRAINING = set().union(*TYPE_KEYWORDS.values(), {"type", "enum", "const", "format"})
+LOWER_BOUNDS = {"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"}
+UPPER_BOUNDS = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"}
+MAX_INLINED = 64
+MERGE_REFUSED = "subschemas that constrain the same keyword differently cannot be combined here"
 SCHEMA_LIST = {"prefixItems", "anyOf", "oneOf", "allOf"}
 SCHEMA_MAP = {"properties", "$defs", "definitions"}
 
@@ -229,6 +244,7 @@ class _Walk:
 
     def __init__(self, root: Any) -> None:
         self.root = root
+        self.inlined = 0  # $refs inlined because of keywords beside them (bounded: recursion)
 
     def resolve(self, ref: str, path: str) -> Any:
         if not ref.startswith("#"):
@@ -247,6 +263,7 @@ class _Walk:
     def node(self, schema: Any, path: str) -> Any:
         if isinstance(schema, bool):
             return schema
+        schema = self._combine(schema, path)
         out: dict[str, Any] = {}
         for key, value in schema.items():
             at = _join(path, key)
@@ -266,10 +283,6 @@ class _Walk:
                 self.resolve(value, at)
                 out[key] = value
             # annotations and unknown keywords: dropped
-        if "$ref" in out:
-            extra = sorted(set(out) - {"$ref", "$defs", "definitions"})
-            if extra:
-                raise SchemaRefused(_join(path, extra[0]), f"{extra[0]} beside $ref is not supported")
         self._format(out, path)
         self._lengths(out, path)
         self._integer_bounds(out, path)
@@ -277,10 +290,52 @@ class _Walk:
             out.get("type") != "integer" or not float(out["multipleOf"]).is_integer()
         ):
             raise SchemaRefused(_join(path, "multipleOf"), "multipleOf is supported on integers only")
-        if len(out.get("allOf", [])) > 1:
-            raise SchemaRefused(_join(path, "allOf"), "allOf with more than one subschema is not supported")
         self._one_of(schema, path)
         return out
+
+    def _combine(self, schema: dict[str, Any], path: str) -> dict[str, Any]:
+        """`schema` with its `allOf` merged in, the keywords beside a `$ref` merged into what it
+        points to and those beside `anyOf` / `oneOf` into each branch (xgrammar ignores them
+        there), and a `type` where only type-specific keywords say it (xgrammar ignores those
+        without one)."""
+        schema = dict(schema)
+        for i, sub in enumerate(schema.pop("allOf", None) or []):
+            merged = _merge(schema, sub if sub is not True else {})
+            if merged is None:
+                raise SchemaRefused(_join(_join(path, "allOf"), i), MERGE_REFUSED)
+            schema = merged
+        beside = {k: v for k, v in schema.items() if k in CONSTRAINING}
+        if "anyOf" in schema and "oneOf" in schema:
+            raise SchemaRefused(_join(path, "oneOf"), "anyOf together with oneOf is not supported")
+        if "$ref" in schema and beside:
+            self.inlined += 1
+            if self.inlined > MAX_INLINED:
+                raise SchemaRefused(_join(path, "$ref"), "keywords beside a recursive $ref are not supported")
+            target = self.resolve(schema.pop("$ref"), _join(path, "$ref"))
+            merged = (
+                _merge(target if isinstance(target, dict) else {}, schema) if target is not False else None
+            )
+            if merged is None:
+                raise SchemaRefused(_join(path, "$ref"), MERGE_REFUSED)
+            return self._combine(merged, path)
+        for key in ("anyOf", "oneOf"):
+            if key in schema and beside:
+                branches: list[Any] = []
+                for i, branch in enumerate(schema[key]):
+                    if branch is False:
+                        branches.append(False)
+                        continue
+                    both = _merge(branch if isinstance(branch, dict) else {}, beside)
+                    if both is None:
+                        raise SchemaRefused(_join(_join(path, key), i), MERGE_REFUSED)
+                    branches.append(both)
+                schema = {k: v for k, v in schema.items() if k not in beside}
+                schema[key] = branches
+        if not {"type", "enum", "const", "$ref", "anyOf", "oneOf"} & set(schema):
+            implied = sorted(t for t, keys in TYPE_KEYWORDS.items() if keys & set(schema))
+            if implied:
+                schema["type"] = implied[0] if len(implied) == 1 else implied
+        return schema
 
     def _format(self, out: dict[str, Any], path: str) -> None:
         fmt = out.pop("format", None)
@@ -398,6 +453,53 @@ class _Walk:
         shared = set(a.get("required", [])) & set(b.get("required", []))
         pa, pb = a.get("properties") or {}, b.get("properties") or {}
         return any(k in pa and k in pb and self.disjoint(pa[k], pb[k], depth + 1) for k in shared)
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+    """One schema that takes exactly what both `a` and `b` take, or None where that is not
+    plain (a keyword on both sides with values that do not combine)."""
+    out = dict(a)
+    for key, value in b.items():
+        if key not in out or out[key] == value or key in ANNOTATIONS:
+            out.setdefault(key, value)
+        elif key == "required":
+            out[key] = list(dict.fromkeys([*out[key], *value]))
+        elif key in LOWER_BOUNDS or key in UPPER_BOUNDS:
+            out[key] = (max if key in LOWER_BOUNDS else min)(out[key], value)
+        elif key == "type":
+            common = _type_set(out[key]) & _type_set(value)
+            if not common:
+                return None
+            out[key] = sorted(common)[0] if len(common) == 1 else sorted(common)
+        elif key == "properties":
+            props = dict(out[key])
+            for name, sub in value.items():
+                if name in props and props[name] != sub:
+                    both = (
+                        _merge(props[name], sub)
+                        if isinstance(props[name], dict) and isinstance(sub, dict)
+                        else None
+                    )
+                    if both is None:
+                        return None
+                    sub = both
+                props[name] = sub
+            out[key] = props
+        else:
+            return None
+    for one, two in ((a, b), (b, a)):  # additionalProperties of one side also judges the other's
+        if one.get("additionalProperties", True) is not True and set(two.get("properties", {})) - set(
+            one.get("properties", {})
+        ):
+            return None
+    return out
+
+
+def _type_set(declared: Any) -> set[str]:
+    types = {declared} if isinstance(declared, str) else set(declared)
+    if "number" in types:
+        types.add("integer")
+    return types
 
 
 def _values(schema: dict[str, Any]) -> set[str] | None:

@@ -83,8 +83,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
 
 
 def _sample(constraint: GrammarConstraint, setup: Setup, rng: np.random.Generator) -> tuple[list[int], bool]:
-    """Tokens drawn at temperature 1 from N(0, 1) logits under the mask (a share of them among
-    the hard tokens the mask admits); True: the answer ended by itself."""
+    """Tokens drawn at temperature 1 from iid random logits under the mask, i.e. uniformly among
+    the tokens it admits (a share of them among the hard ones); True: the answer ended by itself."""
     vocab = setup.grammars.vocab_size
     words = torch.zeros((vocab + 31) // 32, dtype=torch.int32)
     tokens: list[int] = []
@@ -95,7 +95,7 @@ def _sample(constraint: GrammarConstraint, setup: Setup, rng: np.random.Generato
         hard = allowed[setup.hard[allowed]]
         if hard.size and rng.random() < HARD_SHARE:
             allowed = hard
-        token = int(allowed[np.argmax(rng.standard_normal(allowed.size) + rng.gumbel(size=allowed.size))])
+        token = int(allowed[rng.integers(allowed.size)])  # the argmax of iid logits + Gumbel noise
         constraint.accept(token)
         if constraint.matcher.is_terminated():
             return tokens, True

@@ -66,12 +66,18 @@ REFUSED = [
         "oneOf: oneOf branches 0 and 1 may both match (the grammar cannot exclude that); use anyOf, or"
         " tell them apart by type or by a const / enum property",
     ),
-    ({"allOf": [{"type": "integer"}, {"minimum": 1}]}, "allOf: allOf with more than one subschema is not supported"),
+    (
+        {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+                   {"properties": {"b": {"type": "string"}}}]},
+        "allOf/1: subschemas that constrain the same keyword differently cannot be combined here",
+    ),
+    ({"allOf": [{"type": "integer"}, {"type": "string"}]}, "allOf/1: subschemas that constrain the same keyword differently cannot be combined here"),
+    ({"anyOf": [{"type": "string"}], "oneOf": [{"type": "string"}]}, "oneOf: anyOf together with oneOf is not supported"),
     ({"$ref": "#/$defs/missing"}, "$ref: $ref '#/$defs/missing' does not resolve in this schema"),
     ({"$ref": "https://example.com/s.json"}, "$ref: $ref 'https://example.com/s.json': only local references (#...) are supported"),
     (
-        {"$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n", "maximum": 3}}},
-        "properties/a/maximum: maximum beside $ref is not supported",
+        {"$defs": {"n": {"type": "integer", "multipleOf": 2}}, "properties": {"a": {"$ref": "#/$defs/n", "multipleOf": 3}}},
+        "properties/a/$ref: subschemas that constrain the same keyword differently cannot be combined here",
     ),
     (
         {"type": "string", "pattern": "^[a-z]+-[0-9]+$", "maxLength": 8},
@@ -190,3 +196,23 @@ def test_a_ref_enum_parameter_is_read_exactly() -> None:
     assert _accepts(spec, call)
     block = parse_block(call.removeprefix("<tool_call>").removesuffix("</tool_call>"))
     assert block is not None and typed_arguments(tool, block[1]) == {"priority": "medium"}
+
+
+def test_keywords_xgrammar_ignores_are_moved_where_it_reads_them() -> None:
+    """xgrammar ignores keywords beside `anyOf` / `$ref`, a second `allOf` subschema and
+    type-specific keywords without a `type`: each is merged where it takes effect."""
+    cases: list[tuple[Any, list[tuple[str, bool]]]] = [
+        ({"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 5}]}, [("3", True), ("7", False), ("-1", False)]),
+        ({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n", "maximum": 3}, [("3", True), ("4", False)]),
+        ({"anyOf": [{"type": "string"}, {"type": "null"}], "maxLength": 2}, [('"ab"', True), ('"abc"', False), ("null", True)]),
+        ({"type": "string", "anyOf": [{"maxLength": 2}, {"pattern": "^a+$"}]}, [('"aaaa"', True), ('"abc"', False), ("5", False)]),
+        ({"maxLength": 2}, [('"ab"', True), ('"abc"', False)]),
+        ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+          "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}, [("{}", False), ('{"b": 1}', True), ('{"a": "x"}', False)]),
+    ]  # fmt: skip
+    for schema, texts in cases:
+        validator = jsonschema.Draft202012Validator(schema)
+        for text, valid in texts:
+            assert _accepts(_schema(schema), text) is valid, (schema, text)
+            if valid:
+                assert validator.is_valid(json.loads(text)), (schema, text)
