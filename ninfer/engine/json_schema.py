@@ -358,6 +358,8 @@ class _Walk:
             else FORMATS[fmt]
         )
         out["pattern"] = f"^{pattern}$"
+        if types is None:
+            out["type"] = "string"  # xgrammar reads a pattern only on a string type
 
     def _lengths(self, out: dict[str, Any], path: str) -> None:
         pattern = out.get("pattern")

@@ -492,6 +492,12 @@ REF_TOOL: dict[str, Any] = {
     "description": "File a support ticket",
     "parameters": {
         "$defs": {"Priority": {"enum": ["low", "medium", "high"], "title": "Priority", "type": "string"}},
-        **obj({"priority": {"$ref": "#/$defs/Priority"}, "title": {"type": "string", "maxLength": 6}}),
+        **obj(
+            {
+                "priority": {"$ref": "#/$defs/Priority"},
+                "escalate_to": {"anyOf": [{"$ref": "#/$defs/Priority"}, {"type": "null"}]},
+                "title": {"type": "string", "maxLength": 6},
+            }
+        ),
     },
 }

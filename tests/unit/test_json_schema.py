@@ -188,14 +188,18 @@ def test_a_ref_enum_parameter_is_read_exactly() -> None:
     """The call grammar may put one whitespace character before `</parameter>`: a pydantic enum
     behind `$ref` loses it (it came back as "medium ")."""
     schema = {"$defs": {"Priority": {"enum": ["low", "medium", "high"], "type": "string"}}, "type": "object",
-              "properties": {"priority": {"$ref": "#/$defs/Priority"}}, "required": ["priority"]}  # fmt: skip
+              "properties": {"priority": {"$ref": "#/$defs/Priority"},
+                             "escalate_to": {"anyOf": [{"$ref": "#/$defs/Priority"}, {"type": "null"}]}},
+              "required": ["priority", "escalate_to"]}  # fmt: skip
     tool = Tool("file_ticket", None, schema)
     spec = answer_constraint([tool], ToolControl("named", "file_ticket"), None)
     assert spec is not None
-    call = "<tool_call>\n<function=file_ticket>\n<parameter=priority>\nmedium </parameter>\n</function>\n</tool_call>"
+    call = ("<tool_call>\n<function=file_ticket>\n<parameter=priority>\nmedium </parameter>\n"
+            "<parameter=escalate_to>\thigh\n</parameter>\n</function>\n</tool_call>")  # fmt: skip
     assert _accepts(spec, call)
     block = parse_block(call.removeprefix("<tool_call>").removesuffix("</tool_call>"))
-    assert block is not None and typed_arguments(tool, block[1]) == {"priority": "medium"}
+    assert block is not None
+    assert typed_arguments(tool, block[1]) == {"priority": "medium", "escalate_to": "high"}
 
 
 def test_keywords_xgrammar_ignores_are_moved_where_it_reads_them() -> None:
@@ -207,6 +211,7 @@ def test_keywords_xgrammar_ignores_are_moved_where_it_reads_them() -> None:
         ({"anyOf": [{"type": "string"}, {"type": "null"}], "maxLength": 2}, [('"ab"', True), ('"abc"', False), ("null", True)]),
         ({"type": "string", "anyOf": [{"maxLength": 2}, {"pattern": "^a+$"}]}, [('"aaaa"', True), ('"abc"', False), ("5", False)]),
         ({"maxLength": 2}, [('"ab"', True), ('"abc"', False)]),
+        ({"format": "date"}, [('"2024-02-29"', True), ('"2023-02-29"', False)]),
         ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
           "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}, [("{}", False), ('{"b": 1}', True), ('{"a": "x"}', False)]),
     ]  # fmt: skip
