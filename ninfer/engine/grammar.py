@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ninfer.engine import json_schema
 from ninfer.engine.api import ConstraintSpec
 from ninfer.engine.sampler import word_bit
 
@@ -99,15 +100,12 @@ class Grammars:
             try:
                 if spec.kind == "json_object":
                     grammar = compiler.compile_builtin_json_grammar()
-                elif spec.kind == "json_schema":
-                    json.loads(spec.source)
-                    grammar = compiler.compile_json_schema(
-                        spec.source, any_whitespace=False, strict_mode=spec.strict
-                    )
                 else:
-                    grammar = compiler.compile_structural_tag(spec.source)
+                    grammar = compiler.compile_grammar(_ebnf(spec))
+            except json_schema.SchemaRefused as exc:
+                raise GrammarError(spec.param, str(exc)[:500]) from None
             except Exception as exc:  # xgrammar raises RuntimeError / ValueError with the cause
-                msg = f"invalid or unsupported schema: {exc}".strip()[:500]
+                msg = f"invalid or unsupported schema: {json_schema.engine_message(exc)}"[:500]
                 raise GrammarError(spec.param, msg) from exc
             self._cache[spec] = grammar
             if len(self._cache) > CACHE_SIZE:
@@ -121,6 +119,22 @@ class Grammars:
         grammar = self.compiled(spec)
         think_end = self._think_end if thinking else None
         return GrammarConstraint(xgr.GrammarMatcher(grammar), think_end, max(0, entitlement // 2))
+
+
+def _ebnf(spec: ConstraintSpec) -> str:
+    """The grammar of a json_schema or structural_tag spec as EBNF: its schemas prepared and
+    its JSON strings fixed (`ninfer.engine.json_schema`)."""
+    import xgrammar as xgr
+
+    if spec.kind == "json_schema":
+        source = json_schema.prepare(json.loads(spec.source))
+        grammar = xgr.Grammar.from_json_schema(
+            json.dumps(source), any_whitespace=False, strict_mode=spec.strict
+        )
+    else:
+        source = json_schema.prepare_tag(json.loads(spec.source))
+        grammar = xgr.Grammar.from_structural_tag(json.dumps(source))
+    return json_schema.json_strings(str(grammar), source)
 
 
 class GrammarConstraint:

@@ -16,7 +16,8 @@ that does not match returns None and the caller flushes it back as text.
 
 Typing: a parameter whose schema type is only ``string`` (or that has no schema) stays the raw
 string, except that a value breaking its string schema (enum, const, pattern, format, length)
-only by one whitespace character at either end loses it: a grammar-constrained call (xgrammar's
+only by one whitespace character at either end loses it (the schema behind a local ``$ref``
+counts, as in pydantic's enums under ``$defs``): a grammar-constrained call (xgrammar's
 ``qwen_xml`` style) may put any one whitespace character, not only the newline, between the
 markup and the value. Otherwise the value is read as JSON (Python's ``True``/``False``/``None`` spellings,
 which the Qwen3.5 template writes for scalars, are accepted too) and kept if its JSON type is one
@@ -144,10 +145,37 @@ def _string(raw: str, schema: dict[str, Any]) -> str:
     return raw
 
 
-def type_value(raw: str, schema: dict[str, Any] | None) -> Any:
-    """The typed value of one parameter given its property schema (see the module doc)."""
+def _resolved(schema: Any, root: Any) -> Any:
+    """`schema` with its local `$ref` chain (and one-subschema `allOf`s, as pydantic writes
+    them) followed into `root`: the enum or pattern behind `{"$ref": "#/$defs/Priority"}`."""
+    for _ in range(16):
+        if not isinstance(schema, dict):
+            return schema
+        ref = schema.get("$ref")
+        subs = schema.get("allOf")
+        if isinstance(ref, str) and ref.startswith("#"):
+            target: Any = root
+            for raw in ref[1:].split("/")[1:]:
+                key = raw.replace("~1", "/").replace("~0", "~")
+                target = target.get(key) if isinstance(target, dict) else None
+            schema = target
+        elif isinstance(subs, list) and len(subs) == 1:
+            schema = subs[0]
+        else:
+            return schema
+    return schema
+
+
+def type_value(raw: str, schema: dict[str, Any] | None, root: Any = None) -> Any:
+    """The typed value of one parameter given its property schema (see the module doc); `root`:
+    the tool's parameters schema, which local `$ref`s point into."""
+    schema = _resolved(schema, root)
     if not isinstance(schema, dict):
         return raw
+    if isinstance(schema.get("anyOf"), list):
+        schema = {**schema, "anyOf": [_resolved(s, root) for s in schema["anyOf"]]}
+    if isinstance(schema.get("oneOf"), list):
+        schema = {**schema, "oneOf": [_resolved(s, root) for s in schema["oneOf"]]}
     types = [t for t in _schema_types(schema) if t != "string"]
     if not types:
         return _string(raw, schema)
@@ -182,4 +210,5 @@ def typed_arguments(tool: Tool | None, params: list[tuple[str, str]]) -> dict[st
     if tool is not None and isinstance(tool.parameters, dict):
         found = tool.parameters.get("properties")
         props = found if isinstance(found, dict) else {}
-    return {key: type_value(raw, props.get(key)) for key, raw in params}
+    root = tool.parameters if tool is not None else None
+    return {key: type_value(raw, props.get(key), root) for key, raw in params}

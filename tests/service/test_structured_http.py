@@ -10,10 +10,14 @@ weights): all three protocols, whole and streamed, thinking on and off.
   streamed) yields one call to an allowed tool, a custom tool's input fullmatching its regex
   (custom calls and their outputs in the history); an undeclared allowed name and a regex the
   compiler refuses are 400s naming their field.
-* The schema corpus (`schema_corpus.CORPUS`, 53 schemas), each once through one protocol's text
-  format (Chat `response_format`, Responses `text.format`, Anthropic `output_config.format`),
-  the protocol, streaming and thinking rotating over the corpus: every answer ended by itself
-  and parses and validates with `jsonschema` (formats checked).
+* Six schemas of the corpus (`schema_corpus.CORPUS`; all of it is sampled against the real
+  masks in `test_schema_property.py`) through the three protocols' text formats (Chat
+  `response_format`, Responses `text.format`, Anthropic `output_config.format`), whole and
+  streamed, thinking on and off: every answer ended by itself and validates with `jsonschema`.
+* A schema the grammar cannot enforce (a malformed keyword value, an unsupported keyword), as a
+  text format of each protocol or a strict / forced tool's parameters, is a 400 whose message
+  names the schema path and keyword (and the tool), in the protocol's error shape; the server
+  keeps serving.
 
 Random weights: the mask leaves only grammar tokens and every open-ended part of the schemas is
 bounded, so answers end within small budgets (the corpus needs 2 to 41 tokens a schema; a tool
@@ -37,6 +41,8 @@ import pytest
 from conftest import API_KEY, MODEL, Server, start_server, stop_server
 from protocol_client import PROTOCOLS, Answer, ask, body, post
 from schema_corpus import CORPUS, TOOLS
+
+SCHEMAS = dict(CORPUS)
 
 OVERRIDES = [
     "engine.device=cpu",
@@ -272,29 +278,77 @@ def test_allowed_tools_and_custom_tools_through_the_sdk(server: Server) -> None:
         assert exc.value.body["param"] == param  # type: ignore[index]
 
 
-def _corpus_case(server: Server, index: int) -> tuple[str, Answer, bool]:
-    """Schema `index` of the corpus: protocol, stream and thinking rotate with the index."""
-    name, schema = CORPUS[index]
-    protocol, stream, thinking = PROTOCOLS[index % 3], bool(index // 3 % 2), index % 8 == 3
+# A few schemas of the corpus end to end, two per protocol, whole and streamed, thinking on
+# and off (the whole corpus is sampled against the real masks in test_schema_property.py).
+CORPUS_CASES = [  # (schema name, protocol, stream, thinking)
+    ("support-ticket-pydantic", "chat", False, False),
+    ("format-date", "chat", True, True),
+    ("recursive-root", "responses", True, False),
+    ("pattern-code", "responses", False, True),
+    ("anyof-in-object", "messages", False, False),
+    ("array-exact", "messages", True, False),
+]
+
+
+def _corpus_case(server: Server, case: tuple[str, str, bool, bool]) -> tuple[str, Answer]:
+    name, protocol, stream, thinking = case
     budget = 2 * THINK_TOKENS if thinking else SLOW.get(name, JSON_TOKENS)
-    fmt = _text_format(protocol, name, schema)
+    fmt = _text_format(protocol, name, SCHEMAS[name])
     payload = body(protocol, "Answer in JSON.", budget, thinking, stream, **fmt)
-    return (
-        f"{name} ({protocol}, stream={stream}, thinking={thinking})",
-        ask(server, protocol, payload),
-        thinking,
-    )
+    return f"{name} ({protocol}, stream={stream}, thinking={thinking})", ask(server, protocol, payload)
 
 
 def test_schema_corpus_outputs_validate(server: Server) -> None:
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda i: _corpus_case(server, i), range(len(CORPUS))))
+        results = list(pool.map(lambda c: _corpus_case(server, c), CORPUS_CASES))
     failures = []
-    for (label, answer, thinking), (_, schema) in zip(results, CORPUS, strict=True):
+    for (label, answer), (name, _, _, thinking) in zip(results, CORPUS_CASES, strict=True):
         try:
             assert answer.finish in FINISHED, f"did not finish: {answer.finish}"
-            jsonschema.validate(json.loads(answer.text), schema, format_checker=CHECKER)
+            jsonschema.validate(json.loads(answer.text), SCHEMAS[name], format_checker=CHECKER)
             assert bool(answer.reasoning) == thinking, "reasoning"
         except (AssertionError, ValueError, jsonschema.ValidationError) as exc:
             failures.append(f"{label}: {str(exc)[:200]} in {answer.text!r}")
     assert not failures, "\n".join(failures)
+
+
+BAD = {"type": "object", "properties": {"a": {"type": "string", "maxLength": -1}}}
+BAD_MESSAGE = "properties/a/maxLength: invalid schema: -1 is less than the minimum of 0"
+UNIQUE = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+UNIQUE_MESSAGE = "uniqueItems: uniqueItems is not supported by the grammar engine"
+IDS = {"type": "object", "properties": {"ids": UNIQUE}, "required": ["ids"]}
+BAD_CASES = [  # (protocol, request fields, param, message)
+    ("chat", _text_format("chat", "bad", BAD), "response_format.json_schema.schema", BAD_MESSAGE),
+    ("responses", _text_format("responses", "u", UNIQUE), "text.format.schema", UNIQUE_MESSAGE),
+    ("messages", _text_format("messages", "bad", BAD), None, BAD_MESSAGE),
+    (
+        "chat",
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": BAD, "strict": True}}]},
+        "tools",
+        f"tool 'f' parameters: {BAD_MESSAGE}",
+    ),
+    (
+        "messages",
+        {"tools": [{"name": "f", "input_schema": IDS}], "tool_choice": {"type": "tool", "name": "f"}},
+        None,
+        f"tool 'f' parameters: properties/ids/{UNIQUE_MESSAGE}",
+    ),
+]
+
+
+BAD_IDS = ["chat-format", "responses-format", "messages-format", "chat-strict-tool", "messages-forced-tool"]
+
+
+@pytest.mark.parametrize(("protocol", "fields", "param", "message"), BAD_CASES, ids=BAD_IDS)
+def test_bad_schemas_are_400s_naming_the_schema_path(
+    server: Server, protocol: str, fields: dict[str, Any], param: str | None, message: str
+) -> None:
+    r = post(server, protocol, body(protocol, "x", 16, False, False, **fields))
+    assert r.status_code == 400, r.text
+    if protocol == "messages":
+        assert r.json() == {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+    else:
+        error = r.json()["error"]
+        assert (error["param"], error["message"], error["type"]) == (param, message, "invalid_request_error")
+    ok = post(server, protocol, body(protocol, "x", 16, False, False))  # the server keeps serving
+    assert ok.status_code == 200, ok.text
