@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from ninfer.artifact.errors import ArtifactError
 from ninfer.artifact.manifest import FORMAT_VERSION, ArtifactIdentity, Component, Manifest
-from ninfer.artifact.reader import Artifact, open_artifact
+from ninfer.artifact.opener import open_artifact
+from ninfer.artifact.reader import Artifact
 from ninfer.artifact.shapes import expected_shapes
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ def _size(n: int) -> str:
 
 
 def _inspect(path: Path, tensors: bool = False) -> int:
-    from ninfer.artifact.reader import open_artifact
+    from ninfer.artifact.opener import open_artifact
 
     a = open_artifact(path)
     c, m = a.config, a.manifest
@@ -129,7 +129,7 @@ def _inspect_seed(a, tensors: bool) -> None:  # type: ignore[no-untyped-def]
 
 def _import(src: Path, out: Path, force: bool) -> Path:
     """A seed file -> our artifact directory: groupwise tensors as their planes, the rest as loaded."""
-    from ninfer.artifact.reader import open_artifact
+    from ninfer.artifact.opener import open_artifact
     from ninfer.artifact.writer import ArtifactWriter
     from ninfer.formats import QuantWeight
 
@@ -188,7 +188,7 @@ def _inspect_formats(a, tensors: bool) -> None:  # type: ignore[no-untyped-def]
 
 
 def _verify(path: Path) -> int:
-    from ninfer.artifact.reader import open_artifact
+    from ninfer.artifact.opener import open_artifact
 
     a = open_artifact(path, verify=True)
     print(f"ok: {a.path} ({a.model_id}, {len(a.manifest.digests)} files, digests and shapes match)")

@@ -112,7 +112,7 @@ def default_cache_dir() -> Path:
 
 
 def demo_path(cache_dir: str | Path | None = None) -> Path:
-    from ninfer import __version__
+    from ninfer.version import __version__
 
     return Path(cache_dir or default_cache_dir()) / f"demo-{__version__}-r{DEMO_REVISION}.ninfer"
 

@@ -38,7 +38,7 @@ def add_dflash(artifact_path: str | Path, drafter_dir: str | Path) -> Path:
     """Add (or replace) the `dflash` component from a drafter's HF directory and re-digest the manifest."""
     from safetensors import safe_open
 
-    from ninfer.artifact.reader import open_artifact
+    from ninfer.artifact.opener import open_artifact
     from ninfer.artifact.writer import SHARD_BYTES, ComponentWriter
     from ninfer.model.dflash import DFlashConfig, load_dflash
 

@@ -116,7 +116,7 @@ def add_lm_head_draft(
     frequencies: str | Path | None = None,
 ) -> Path:
     """Add (or replace) the `lm_head_draft` component of an artifact and re-digest its manifest."""
-    from ninfer.artifact.reader import open_artifact
+    from ninfer.artifact.opener import open_artifact
     from ninfer.artifact.writer import SHARD_BYTES, ComponentWriter
 
     if (corpus is None) == (frequencies is None):

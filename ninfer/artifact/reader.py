@@ -160,14 +160,9 @@ class Artifact:
         return out
 
 
-def open_artifact(path: str | Path, verify: bool = False) -> Artifact:
-    """Open and check an artifact directory, or a seed system's single-file `.ninfer` container (v2 /
-    v3: `seed_artifact`); `verify=True` also recomputes every digest of a directory."""
+def open_directory(path: str | Path, verify: bool = False) -> Artifact:
+    """Open and check an artifact directory; `verify=True` also recomputes every digest."""
     root = Path(path)
-    if root.is_file():  # a single file: the seed system's container (v2 / v3), `seed_artifact`
-        from ninfer.artifact.seed_artifact import open_seed
-
-        return open_seed(root)
     if not root.is_dir():
         raise ArtifactError(f"artifact {root} does not exist or is not a directory")
     manifest = read_manifest(root)

@@ -29,7 +29,7 @@ NUMBERED = (
 
 
 def created_by() -> str:
-    from ninfer import __version__
+    from ninfer.version import __version__
 
     return f"ninfer {__version__}"
 

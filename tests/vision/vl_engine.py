@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from ninfer.artifact.convert import convert
-from ninfer.artifact.reader import open_artifact
+from ninfer.artifact.opener import open_artifact
 from ninfer.bootstrap import vision_tower
 from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
