@@ -12,7 +12,10 @@
 # "probe" (ops/bench/oracle_probe.py), "spec_identity" (ops/bench/spec_identity.py), "moe_sweep"
 # (moe_micro.py --sweep at SWEEP_TOKENS) and "serve_27b" / "serve_35b" (ops/bench/serve.py on a
 # synthetic-weight artifact of the full shape in profile SYNTH_WEIGHTS (bf16): SERVE_S seconds, SOAK_S
-# of soak, SERVE_ARGS more flags; results under OUT_DIR/27b and OUT_DIR/35b) and "conversations_35b" (serve.py's conversations
+# of soak, SERVE_ARGS more flags; results under OUT_DIR/27b and OUT_DIR/35b), "serve_27b_seed" (the same served
+# run on a full-size seed .ninfer v3 file in the 27B groupwise-int layout, written by ops/bench/seed_synth.py to
+# /tmp (~17 GB, removed after; log OUT_DIR/seed_synth.log): OUT_DIR/27b_seed/*-serve-qwen3.6-27b-seed-v3-groupwise-int.json)
+# and "conversations_35b" (serve.py's conversations
 # mode on the 35B-A3B synthetic artifact: CONV_N conversations (16) over 8 lanes growing to
 # CONV_HISTORY tokens (16384) in CONV_TURNS turns (4), the cold tier on GPU 1 when there is one,
 # else in pinned host memory (CONV_HOST_MIB MiB; unset: the server's default, a quarter of the
@@ -89,6 +92,14 @@ for step in $steps; do
         run "$step" "${SERVE_S:-280}" python3 ops/bench/serve.py "/tmp/$step.ninfer" --model "$shape" \
             --out "$out/${step#serve_}" --soak-s "${SOAK_S:-120}" ${SERVE_ARGS:-} \
             -- --max-concurrency 8 --max-context 10240 --max-pending-requests 32 ;;
+    serve_27b_seed)  # the same served run on a full-size seed .ninfer v3 file (27B groupwise-int, streamed)
+        pkill -f ninfer.service.cli && sleep 5  # a server left by a step cut short holds the GPU
+        run seed_synth 300 python3 ops/bench/seed_synth.py --shape qwen3.6-27b /tmp/seed_27b.ninfer --force
+        # shellcheck disable=SC2086  # SERVE_ARGS is a word list
+        [ -f /tmp/seed_27b.ninfer ] && run "$step" "${SERVE_S:-280}" python3 ops/bench/serve.py /tmp/seed_27b.ninfer \
+            --model qwen3.6-27b --out "$out/27b_seed" --soak-s "${SOAK_S:-120}" ${SERVE_ARGS:-} \
+            -- --max-concurrency 8 --max-context 10240 --max-pending-requests 32
+        rm -f /tmp/seed_27b.ninfer ;;
     conversations_35b)  # restores from the cold tier against re-prefills, at the same history lengths
         pkill -f ninfer.service.cli && sleep 5  # a server left by a step cut short holds the GPU
         python3 -m ninfer.artifact synth --shape qwen3.6-35b-a3b "/tmp/$step.ninfer" --force >>"$out/$step.log" 2>&1
@@ -145,7 +156,7 @@ for step in $steps; do
         run micro 90 python3 ops/bench/moe_micro.py --out "$out"
         run micro 60 python3 ops/bench/gemv_micro.py --out "$out"
         ;;
-    *) echo "unknown step $step (quant_tests qgemv_micro quant_error bench_27b_q bench_27b_fp8 bench_35b_q memfit_27b bench_27b bench_35b serve_27b serve_35b conversations_35b prefill_graphs grammar_27b grammar_35b compile probe spec_identity moe_sweep kernel_tests micro)" ;;
+    *) echo "unknown step $step (quant_tests qgemv_micro quant_error bench_27b_q bench_27b_fp8 bench_35b_q memfit_27b bench_27b bench_35b serve_27b serve_35b serve_27b_seed conversations_35b prefill_graphs grammar_27b grammar_35b compile probe spec_identity moe_sweep kernel_tests micro)" ;;
     esac
 done
 echo "done in $(($(date +%s) - start)) s"

@@ -25,7 +25,8 @@ its own connection:
 Then it reads the server's compilations after ready (`/health` `late_compiles`), stops it, and
 measures the engine alone on the same artifact with the same settings (batch 1 and 8 tok/s, TTFT
 of 8 prompts arriving together). One JSON lands in `--out`
-(`DATE-COMMIT-serve-MODEL.json`). `--smoke` runs every section small (4 clients where 8 or 32 would be), on the CPU (the test suite).
+(`DATE-COMMIT-serve-MODEL[-WEIGHTS].json`, WEIGHTS for anything but bf16: the profile, or
+`seed-v3-groupwise-int` for a seed file; `weights` and `format` in it say which). `--smoke` runs every section small (4 clients where 8 or 32 would be), on the CPU (the test suite).
 """
 
 from __future__ import annotations
@@ -327,11 +328,32 @@ def _ratios(result: dict[str, Any]) -> None:
             http[key]["of_engine"] = round((http[key]["output_tok_s"] or 0) / eng[batch], 3)
 
 
-def _weight_profile(artifact: str) -> str:
-    """The artifact's weight profile (`bf16`, `groupwise-int`, `fp8`, ...), read from its manifest."""
+def _weights(artifact: str) -> tuple[str, str]:
+    """(weights, format) of the artifact: a directory's weight profile (`bf16`, `groupwise-int`,
+    `fp8`, ...) and "ninfer directory"; a seed file's `seed-v<N>-<profile>`, the profile whose
+    per-tensor formats its text and MTP tensors carry (`mixed` when none does), and its container."""
     from ninfer.artifact import open_artifact
+    from ninfer.artifact.profiles import PROFILES, format_for
 
-    return open_artifact(artifact).weight_profile
+    art = open_artifact(artifact)
+    if not Path(artifact).is_file():
+        return art.weight_profile, "ninfer directory"
+    stored = {
+        name: (spec.fmt if (spec := art.quantized.get(comp, {}).get(name)) else None)
+        for comp in ("text", "mtp")
+        if comp in art.manifest.components
+        for name in art.tensor_infos(comp)
+    }
+    recipe = next(
+        (
+            p
+            for p in PROFILES
+            if all(format_for(p, art.config, art.model_id, n) == f for n, f in stored.items())
+        ),
+        "mixed",
+    )
+    version = art.manifest.created_by.rpartition("v")[2]
+    return f"seed-v{version}-{recipe}", art.manifest.created_by
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                               "prompt_words": args.prompt_words, "output_tokens": out_tokens,
                               "profile": size.name, "complete": False}  # fmt: skip
     meta = provenance("ops/bench/serve.py", raw)
-    weights = _weight_profile(args.artifact)
+    weights, result["format"] = _weights(args.artifact)
     result["weights"] = weights
     tag = "" if weights == "bf16" else f"-{weights}"
     path = args.out / f"{meta['date'][:10]}-{meta['commit']}-serve-{args.model}{tag}.json"
