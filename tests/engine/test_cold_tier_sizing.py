@@ -55,7 +55,7 @@ def test_settings_reach_the_engine_config() -> None:
     from ninfer.bootstrap import engine_config
     from ninfer.config.loader import load_settings
 
-    artifact = SimpleNamespace(model_id="demo", family="qwen3_5")
+    artifact = SimpleNamespace(model_id="demo", sampler_model_id="demo", family="qwen3_5")
     argv = [
         "cold_tier.device=2",
         "cold_tier.capacity_mib=300",
