@@ -88,9 +88,25 @@ def projections(smoke: bool) -> list[QProj]:
     ]
 
 
-def candidates(m: int, quick: bool, fmt: str) -> list[Any]:
+AGAINST_TABLE = False  # --against-table
+
+
+def lanes_candidates() -> list[Any]:
+    """`qgemv_lanes` (one row, groupwise formats): rows a thread x warps, 128 words a row an iteration."""
+    from ninfer.kernels.triton.qgemv import QGemvConfig
+
+    return [
+        QGemvConfig(1, rows * warps, 0, warps, 1, False, True, 1, False, words=128, thread_rows=rows)
+        for rows, warps in ((4, 4), (2, 4), (4, 8), (2, 8), (8, 4))
+    ]
+
+
+def candidates(m: int, quick: bool, fmt: str, table_cfg: Any = None) -> list[Any]:
     """Configs swept at M rows: block_n, stages, use_dot, groups per iteration, lane layout."""
     from ninfer.kernels.triton.qgemv import QGemvConfig
+
+    if AGAINST_TABLE and table_cfg is not None:  # the table's config, and the lanes kernel where it applies
+        return [table_cfg] + (lanes_candidates() if m == 1 and fmt != "fp8_e4m3_b128" else [])
 
     fp8 = fmt == "fp8_e4m3_b128"
     gpss = (1, 2) if fp8 else (2, 4, 8)
@@ -107,6 +123,7 @@ def candidates(m: int, quick: bool, fmt: str) -> list[Any]:
             for words, bn, warps, stages in ((128, 16, 4, 2), (128, 16, 4, 3), (128, 8, 4, 2), (128, 8, 4, 3),
                                              (128, 16, 8, 2), (128, 16, 8, 3), (128, 32, 8, 2), (64, 32, 4, 2)):  # fmt: skip
                 out.append(QGemvConfig(1, bn, 0, warps, stages, False, True, 1, False, words=words))
+            out += lanes_candidates()  # the same words through `qgemv_lanes` (explicit layouts)
     else:
         bm = 16 if m <= 16 else 32
         for par in parities:
@@ -196,8 +213,11 @@ def bench(p: QProj, rows: tuple[int, ...], device: str, smoke: bool, quick: bool
     for m in rows:
         x = torch.randn(m, p.k, device=device, generator=gen).to(torch.bfloat16)
         ref = x.float() @ weights[0].dequantize(torch.float32).T
-        for cfg in candidates(m, quick or smoke, p.fmt):
-            cfg = with_split(cfg, p.n, groups)
+        entry = qgemv._table().get(qgemv.table_key(p.fmt, p.n, p.k, m))
+        table_cfg = qgemv.QGemvConfig(**entry) if entry is not None else None
+        for cfg in candidates(m, quick or smoke, p.fmt, table_cfg):
+            if cfg is not table_cfg:
+                cfg = with_split(cfg, p.n, groups)
             try:
                 y = qgemv.qgemv(x, weights[0], cfg)
                 err = float((y.float() - ref).abs().max() / ref.abs().max())
@@ -267,10 +287,13 @@ def prefill_path(device: str, smoke: bool) -> list[dict[str, Any]]:
     return out
 
 
+MAX_REL_ERR = 2e-2  # a config whose result is further than this from the dequantized product never wins
+
+
 def best_by_shape(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     best: dict[tuple[str, str, int], dict[str, Any]] = {}
     for r in rows:
-        if "us" not in r:
+        if "us" not in r or not r["max_rel_err"] <= MAX_REL_ERR:
             continue
         key = (r["model"], r["name"], r["m"])
         if key not in best or r["us"] < best[key]["us"]:
@@ -296,7 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--table", type=Path, default=None, help="write the best configs here (qgemv_configs.json)"
     )
+    ap.add_argument(
+        "--against-table", action="store_true",
+        help="one row only: each shape's table config against the qgemv_lanes candidates (few compiles)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    global AGAINST_TABLE
+    AGAINST_TABLE = args.against_table
     if args.smoke:
         from ninfer.kernels.triton.interpreter_fixes import patch_interpreter
 
@@ -318,9 +347,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p.model} {p.name}: done ({time.perf_counter() - t0:.0f}s)", flush=True)
     result["best"] = best_by_shape(result["rows"])
     if args.table is not None:  # the measured configs, as `qgemv.pick_config` reads them
-        from ninfer.kernels.triton.qgemv import table_key
+        from ninfer.kernels.triton.qgemv import _table, table_key
 
-        configs = {table_key(r["fmt"], r["n"], r["k"], r["m"]): r["config"] for r in result["best"]}
+        # shapes and row counts this run did not measure keep the table's entries
+        configs = {**_table(), **{table_key(r["fmt"], r["n"], r["k"], r["m"]): r["config"] for r in result["best"]}}
         table = {
             k: v
             for k, v in provenance("ops/bench/qgemv_micro.py", sys.argv[1:]).items()

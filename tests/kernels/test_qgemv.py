@@ -75,6 +75,18 @@ def test_word_kernel(fmt: str, words: int, split: int, block_n: int) -> None:
         _check(qgemv.qgemv(x, w, cfg), x, w)
 
 
+@pytest.mark.parametrize("fmt", FORMATS[:4])
+@pytest.mark.parametrize(("k", "words", "split", "rows", "warps"), [(450, 64, 3, 2, 4), (1024, 128, 1, 4, 4), (2048, 128, 2, 4, 8)])
+def test_lanes_kernel(fmt: str, k: int, words: int, split: int, rows: int, warps: int) -> None:
+    """One row through `qgemv_lanes` (compiled: the Gluon kernel; in the interpreter its
+    `qgemv_words` stand-in): a padded K (masked x lanes) and whole chunks, splits, ragged N."""
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w = _case(fmt, 1, 70, k, dtype, seed=13)
+        block_n = rows * warps
+        cfg = qgemv.QGemvConfig(1, block_n, split, warps, 1, False, True, 1, False, words=words, thread_rows=rows)
+        _check(qgemv.qgemv(x, w, cfg), x, w)
+
+
 def test_extreme_codes_and_zero_groups() -> None:
     """Every code value of each format appears (the signed ends included) and whole zero groups."""
     for fmt in FORMATS[:4]:
@@ -88,6 +100,7 @@ def test_extreme_codes_and_zero_groups() -> None:
             cfg = dataclasses.replace(qgemv.pick_config(1, 3, w.scale.shape[1], fmt, x.dtype), magic=magic)
             _check(qgemv.qgemv(x, w, cfg), x, w)
         _check(qgemv.qgemv(x, w, qgemv.QGemvConfig(1, 16, 1, 4, 2, False, True, 1, words=32)), x, w)
+        _check(qgemv.qgemv(x, w, qgemv.QGemvConfig(1, 16, 1, 4, 1, False, True, 1, words=32, thread_rows=4)), x, w)
 
 
 def test_bad_arguments() -> None:

@@ -35,6 +35,7 @@ from ninfer.kernels.triton import pdl
 from ninfer.kernels.triton.gemv import _INTERPRET, NUM_SMS, _split_sum_kernel
 from ninfer.kernels.triton.pdl import pdl_enter
 from ninfer.kernels.triton.qdecode import decode_group, decode_group_parity
+from ninfer.kernels.triton.qgemv_lanes import launch_lanes
 from ninfer.kernels.triton.qgemv_words import chunk_words, qgemv_words_kernel, row_words
 
 MAX_ROWS = 64  # M above this goes to dequantize + torch.nn.functional.linear (`dequant.py`)
@@ -56,6 +57,7 @@ class QGemvConfig:
     gps: int = 4  # scale groups per loop iteration
     parity: bool = False  # Q4 / Q5 / Q6 lanes kept apart by parity (x split to match)
     words: int = 0  # one row of a groupwise format: `qgemv_words` with this many words a row per iteration
+    thread_rows: int = 0  # with words: the Gluon kernel `qgemv_lanes` on the GPU, this many rows a thread
 
 
 @triton.jit
@@ -311,7 +313,8 @@ def _launch_rows(
 
 
 def _launch_words(x2: torch.Tensor, w: QuantWeight, y: torch.Tensor, cfg: QGemvConfig, fmt: int, n: int, k: int) -> None:
-    """One row of a groupwise format through `qgemv_words` (the base plane read as int32 words)."""
+    """One row of a groupwise format through `qgemv_lanes` (GPU, `thread_rows` set) or `qgemv_words`
+    (the base plane read as int32 words)."""
     base = w.base
     if base.stride(-1) != 1 or base.storage_offset() % 4 or base.stride(0) % 4:
         raise ValueError("the base plane of a word-read weight must be 4-byte aligned rows")
@@ -328,11 +331,14 @@ def _launch_words(x2: torch.Tensor, w: QuantWeight, y: torch.Tensor, cfg: QGemvC
     else:
         high = w.high
     out = y if split == 1 else torch.empty((split, 1, n), dtype=torch.float32, device=x2.device)
-    qgemv_words_kernel[(triton.cdiv(n, cfg.block_n), split)](
-        x2, base32, high, w.scale, out, n, k, chunks, per_split,
-        base32.stride(0), high.stride(0), w.scale.stride(0), 0 if split == 1 else n,
-        FMT=fmt, BLOCK_N=cfg.block_n, BKW=bkw,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch(x2),
-    )  # fmt: skip
+    if cfg.thread_rows and x2.is_cuda and not _INTERPRET:
+        launch_lanes(x2, w, base32, high, out, fmt, n, k, bkw, cfg.thread_rows, cfg.num_warps, split, pdl.launch(x2))
+    else:
+        qgemv_words_kernel[(triton.cdiv(n, cfg.block_n), split)](
+            x2, base32, high, w.scale, out, n, k, chunks, per_split,
+            base32.stride(0), high.stride(0), w.scale.stride(0), 0 if split == 1 else n,
+            FMT=fmt, BLOCK_N=cfg.block_n, BKW=bkw,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch(x2),
+        )  # fmt: skip
     if split > 1:
         _split_sum_kernel[(triton.cdiv(n, 1024),)](out, y, n, SPLIT=split, BLOCK=1024, num_warps=4, **pdl.launch(x2))
