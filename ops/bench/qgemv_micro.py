@@ -101,12 +101,24 @@ def lanes_candidates() -> list[Any]:
     ]
 
 
+def mma_candidates() -> list[Any]:
+    """`qgemv_mma` (Q4 / Q5 / Q6, up to 8 rows): 16-row tiles a warp x warps x groups a loop; block_n is
+    what the Triton tensor-core kernel would use for more than 8 rows (its fallback)."""
+    from ninfer.kernels.triton.qgemv import QGemvConfig
+
+    return [
+        QGemvConfig(16, min(128, 16 * tiles * warps), 0, warps, 1, True, True, gps, False, mma_tiles=tiles)
+        for tiles, warps, gps in ((2, 4, 2), (2, 4, 1), (1, 4, 2), (1, 8, 2), (4, 4, 1), (2, 8, 4))
+    ]
+
+
 def candidates(m: int, quick: bool, fmt: str, table_cfg: Any = None) -> list[Any]:
     """Configs swept at M rows: block_n, stages, use_dot, groups per iteration, lane layout."""
     from ninfer.kernels.triton.qgemv import QGemvConfig
 
-    if AGAINST_TABLE and table_cfg is not None:  # the table's config, and the lanes kernel where it applies
-        return [table_cfg] + (lanes_candidates() if m == 1 and fmt != "fp8_e4m3_b128" else [])
+    mma = mma_candidates() if m <= 8 and fmt in ("q4_g64", "q5_g64", "q6_g64") else []
+    if AGAINST_TABLE and table_cfg is not None:  # the table's config, and the Gluon kernels where they apply
+        return [table_cfg] + (lanes_candidates() if m == 1 and fmt != "fp8_e4m3_b128" else []) + mma
 
     fp8 = fmt == "fp8_e4m3_b128"
     gpss = (1, 2) if fp8 else (2, 4, 8)
@@ -130,7 +142,7 @@ def candidates(m: int, quick: bool, fmt: str, table_cfg: Any = None) -> list[Any
             for bn in (64, 128):
                 for gps in gpss[:2]:
                     out.append(QGemvConfig(bm, bn, 0, 4, 3, True, True, gps, par))
-    return out[:4] if quick else out
+    return out[:4] if quick else out + mma
 
 
 def with_split(cfg: Any, n: int, groups: int) -> Any:
@@ -141,7 +153,7 @@ def with_split(cfg: Any, n: int, groups: int) -> Any:
 
     from ninfer.kernels.triton.gemv import NUM_SMS
 
-    n_blocks = triton.cdiv(n, cfg.block_n)
+    n_blocks = triton.cdiv(n, 16 * cfg.mma_tiles * cfg.num_warps if cfg.mma_tiles else cfg.block_n)
     target = 4 * NUM_SMS
     split = 1 if n_blocks >= target else max(1, min(triton.cdiv(target, n_blocks), groups // 4, 32))
     return dataclasses.replace(cfg, split=split)

@@ -87,6 +87,18 @@ def test_lanes_kernel(fmt: str, k: int, words: int, split: int, rows: int, warps
         _check(qgemv.qgemv(x, w, cfg), x, w)
 
 
+@pytest.mark.parametrize("fmt", FORMATS[:3])
+@pytest.mark.parametrize(("m", "k", "split", "tiles", "warps", "gps"), [(1, 450, 1, 1, 4, 2), (3, 1024, 2, 2, 4, 2), (8, 2048, 3, 2, 8, 4), (8, 450, 2, 4, 4, 1)])
+def test_mma_kernel(fmt: str, m: int, k: int, split: int, tiles: int, warps: int, gps: int) -> None:
+    """Up to 8 rows through `qgemv_mma` (compiled, bf16: the Gluon tensor-core kernel; elsewhere its
+    tensor-core Triton fallback): a padded K (masked x lanes), unrolled groups past a split's end,
+    ragged N (70 rows: the last 16-row tile partly past the end)."""
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w = _case(fmt, m, 70, k, dtype, seed=17 + m)
+        cfg = qgemv.QGemvConfig(16, min(128, 16 * tiles * warps), split, warps, 1, True, True, gps, False, mma_tiles=tiles)
+        _check(qgemv.qgemv(x, w, cfg), x, w)
+
+
 def test_extreme_codes_and_zero_groups() -> None:
     """Every code value of each format appears (the signed ends included) and whole zero groups."""
     for fmt in FORMATS[:4]:
@@ -101,6 +113,9 @@ def test_extreme_codes_and_zero_groups() -> None:
             _check(qgemv.qgemv(x, w, cfg), x, w)
         _check(qgemv.qgemv(x, w, qgemv.QGemvConfig(1, 16, 1, 4, 2, False, True, 1, words=32)), x, w)
         _check(qgemv.qgemv(x, w, qgemv.QGemvConfig(1, 16, 1, 4, 1, False, True, 1, words=32, thread_rows=4)), x, w)
+        if bits < 8:
+            for xm in (x.bfloat16(), x.bfloat16().repeat(5, 1)):
+                _check(qgemv.qgemv(xm, w, qgemv.QGemvConfig(16, 64, 1, 4, 1, True, True, 2, mma_tiles=1)), xm, w)
 
 
 def test_bad_arguments() -> None:

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ninfer.formats import QuantWeight
-from ninfer.kernels.triton import pdl
+from ninfer.kernels.triton import pdl, qgemv_mma
 from ninfer.kernels.triton.gemv import _INTERPRET, NUM_SMS, _split_sum_kernel
 from ninfer.kernels.triton.pdl import pdl_enter
 from ninfer.kernels.triton.qdecode import decode_group, decode_group_parity
@@ -58,6 +58,7 @@ class QGemvConfig:
     parity: bool = False  # Q4 / Q5 / Q6 lanes kept apart by parity (x split to match)
     words: int = 0  # one row of a groupwise format: `qgemv_words` with this many words a row per iteration
     thread_rows: int = 0  # with words: the Gluon kernel `qgemv_lanes` on the GPU, this many rows a thread
+    mma_tiles: int = 0  # Q4 / Q5 / Q6, bf16, <= 8 rows on sm_80+: `qgemv_mma` (16-row tiles a warp, gps a loop)
 
 
 @triton.jit
@@ -278,9 +279,29 @@ def qgemv(x: torch.Tensor, w: QuantWeight, config: QGemvConfig | None = None) ->
     per_split = triton.cdiv(groups, cfg.split)
     split = triton.cdiv(groups, per_split)
     out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    if m == 1 and cfg.words and fmt < 4:
+    if cfg.mma_tiles and m <= qgemv_mma.MAX_ROWS and not _INTERPRET and qgemv_mma.supported(x2, fmt):
+        base32 = w.base.view(torch.int32)
+        high = base32 if w.high is None else (w.high.view(torch.int16) if fmt == 2 else w.high)
+        qgemv_mma.launch_mma(
+            x2, w, base32, high, out, fmt, m, n, k, groups, per_split, split, cfg.mma_tiles, cfg.num_warps, cfg.gps,
+            pdl.launch(x2),
+        )  # fmt: skip
+    elif m == 1 and cfg.words and fmt < 4:
         _launch_words(x2, w, y, cfg, fmt, n, k)
         return y.view(*lead, n)
+    else:
+        _launch_general(x2, w, out, cfg, fmt, m, n, k, groups, per_split, split)
+    if split > 1:
+        block = 1024
+        _split_sum_kernel[(triton.cdiv(m * n, block),)](out, y, m * n, SPLIT=split, BLOCK=block, num_warps=4, **pdl.launch(x2))
+    return y.view(*lead, n)
+
+
+def _launch_general(
+    x2: torch.Tensor, w: QuantWeight, out: torch.Tensor, cfg: QGemvConfig, fmt: int,
+    m: int, n: int, k: int, groups: int, per_split: int, split: int,
+) -> None:  # fmt: skip
+    """The Triton kernels for every format: one row on the CUDA cores, or M rows (`_launch_rows`)."""
     high = high_words(w)
     if m == 1 and not cfg.use_dot:
         _qgemv_row_kernel[(triton.cdiv(n, cfg.block_n), split)](
@@ -291,10 +312,6 @@ def qgemv(x: torch.Tensor, w: QuantWeight, config: QGemvConfig | None = None) ->
         )  # fmt: skip
     else:
         _launch_rows(x2, w, out, cfg, fmt, m, n, k, groups, per_split, split, high)
-    if split > 1:
-        block = 1024
-        _split_sum_kernel[(triton.cdiv(m * n, block),)](out, y, m * n, SPLIT=split, BLOCK=block, num_warps=4, **pdl.launch(x2))
-    return y.view(*lead, n)
 
 
 def _launch_rows(

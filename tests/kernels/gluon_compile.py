@@ -1,6 +1,7 @@
-"""Builds `qgemv_lanes_kernel` for sm_90 (no GPU) and reports each variant's resources and loop.
+"""Builds the Gluon GEMV kernels for sm_90 (no GPU) and reports each variant's resources and loop.
 
-Run without TRITON_INTERPRET: `python tests/kernels/lanes_compile.py FMT:R:WARPS ...` prints one JSON
+Run without TRITON_INTERPRET: `python tests/kernels/gluon_compile.py lanes:FMT:R:WARPS mma:FMT:T:WARPS:GPI ...`
+(`qgemv_lanes_kernel`: R rows a thread; `qgemv_mma_kernel`: T 16-row tiles a warp) prints one JSON
 object per variant: shared memory, registers and spills (ptxas -v), and the SASS opcode counts of
 the kernel's one loop (nvdisasm from the triton wheel), so a test can hold the kernel to its design
 (no shared memory, no barriers, no spills) without a GPU.
@@ -49,18 +50,30 @@ def _loop_opcodes(sass: str) -> dict[str, int]:
     return dict(counts)
 
 
-def compile_variant(fmt: int, rows: int, warps: int) -> dict[str, Any]:
+def compile_variant(kernel: str, fmt: int, a: int, warps: int, gpi: int = 1) -> dict[str, Any]:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from ninfer.kernels.triton.qgemv_lanes import qgemv_lanes_kernel
+    from ninfer.kernels.triton.qgemv_mma import qgemv_mma_kernel
 
-    names = list(qgemv_lanes_kernel.arg_names)
-    const = {"FMT": fmt, "R": rows, "Q": 32, "WARPS": warps, "EVEN_K": True, "PDL": True}
-    ptrs = {"x_ptr": "*bf16", "base_ptr": "*i32", "high_ptr": HIGH.get(fmt, "*i32"), "scale_ptr": "*fp16", "y_ptr": "*bf16"}
+    high = HIGH.get(fmt, "*i32")
+    if kernel == "lanes":
+        fn = qgemv_lanes_kernel
+        const = {"FMT": fmt, "R": a, "Q": 32, "WARPS": warps, "EVEN_K": True, "PDL": True}
+        ptrs = {"x_ptr": "*bf16", "base_ptr": "*i32", "high_ptr": high, "scale_ptr": "*fp16", "y_ptr": "*bf16"}
+        weights_per_thread = a * 4 * (8 if fmt < 3 else 4)  # rows x one quad of words, every lane
+    else:
+        fn = qgemv_mma_kernel
+        const = {"FMT": fmt, "T": a, "WARPS": warps, "GPI": gpi, "EVEN_K": True, "PDL": True}
+        ptrs = {"x_ptr": "*i32", "base_ptr": "*i32", "high_ptr": high, "scale_ptr": "*fp16", "y_ptr": "*bf16"}
+        weights_per_thread = a * 2 * 2 * 8 * gpi  # tiles x rows g, g + 8 x words 2q, 2q + 1 x lanes, groups
+    names = list(fn.arg_names)
     sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in names}
-    aligned = ("x_ptr", "base_ptr", "high_ptr", "scale_ptr", "y_ptr", "sb", "sh", "ss")
+    aligned = ("x_ptr", "base_ptr", "high_ptr", "scale_ptr", "y_ptr", "sx", "sb", "sh", "ss", "sy")
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}
-    src = GluonASTSource(fn=qgemv_lanes_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
+    src = GluonASTSource(
+        fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs
+    )
     knobs.nvidia.dump_ptxas_log = True
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
@@ -70,14 +83,11 @@ def compile_variant(fmt: int, rows: int, warps: int) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(c.asm["cubin"])
         f.flush()
-        sass = subprocess.run([str(BIN / "nvdisasm"), "-c", f.name], capture_output=True, text=True, check=True).stdout
-    lanes = 8 if fmt < 3 else 4
-    loop = _loop_opcodes(sass)
-    weights_per_thread = rows * 4 * lanes  # a thread's rows x one quad of words, every lane
+        sass = subprocess.run([str(BIN / "nvdisasm"), "-c", f.name], capture_output=True, text=True, check=True)
+    loop = _loop_opcodes(sass.stdout)
     return {
+        "kernel": kernel,
         "fmt": fmt,
-        "rows": rows,
-        "warps": warps,
         "shared": int(c.metadata.shared),
         "registers": int(regs.group(1)) if regs else None,
         "spill_bytes": int(spills.group(1)) + int(spills.group(2)) if spills else None,
@@ -88,5 +98,5 @@ def compile_variant(fmt: int, rows: int, warps: int) -> dict[str, Any]:
 
 if __name__ == "__main__":
     for arg in sys.argv[1:]:
-        f, r, w = (int(v) for v in arg.split(":"))
-        print(json.dumps(compile_variant(f, r, w)), flush=True)
+        name, *nums = arg.split(":")
+        print(json.dumps(compile_variant(name, *(int(v) for v in nums))), flush=True)
