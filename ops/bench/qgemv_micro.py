@@ -15,6 +15,7 @@ bf16 GEMV at the same shapes for reference. `--smoke` runs tiny shapes through t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -108,7 +109,7 @@ def mma_candidates() -> list[Any]:
 
     return [
         QGemvConfig(16, min(128, 16 * tiles * warps), 0, warps, 1, True, True, gps, False, mma_tiles=tiles)
-        for tiles, warps, gps in ((2, 4, 2), (2, 4, 1), (1, 4, 2), (1, 8, 2), (4, 4, 1), (2, 8, 4))
+        for tiles, warps, gps in ((2, 4, 2), (2, 4, 1), (1, 4, 2), (1, 8, 2), (4, 4, 1), (2, 8, 4), (2, 4, 4), (1, 4, 4), (2, 4, 8), (1, 8, 4))
     ]
 
 
@@ -227,9 +228,16 @@ def bench(p: QProj, rows: tuple[int, ...], device: str, smoke: bool, quick: bool
         ref = x.float() @ weights[0].dequantize(torch.float32).T
         entry = qgemv._table().get(qgemv.table_key(p.fmt, p.n, p.k, m))
         table_cfg = qgemv.QGemvConfig(**entry) if entry is not None else None
+        swept = []
         for cfg in candidates(m, quick or smoke, p.fmt, table_cfg):
-            if cfg is not table_cfg:
-                cfg = with_split(cfg, p.n, groups)
+            if cfg is table_cfg:
+                swept.append(cfg)
+                continue
+            cfg = with_split(cfg, p.n, groups)
+            swept.append(cfg)
+            if cfg.mma_tiles and not smoke:  # the split is a run-time argument: its neighbours cost no compile
+                swept += [dataclasses.replace(cfg, split=v) for v in {max(1, cfg.split // 2), 2 * cfg.split} - {cfg.split}]
+        for cfg in swept:
             try:
                 y = qgemv.qgemv(x, weights[0], cfg)
                 err = float((y.float() - ref).abs().max() / ref.abs().max())
