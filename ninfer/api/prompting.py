@@ -8,7 +8,7 @@ from ninfer.api.compat import HINT
 from ninfer.api.errors import ApiError, invalid
 from ninfer.api.media_prompt import MediaPrompts
 from ninfer.api.ports import Prepared
-from ninfer.engine.api import StepOutput
+from ninfer.engine.types import StepOutput
 from ninfer.frontend import parser as fp
 from ninfer.frontend.capabilities import resolve_capabilities
 from ninfer.frontend.conversation import Conversation, Message, TextPart, Tool

@@ -21,14 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ninfer.engine.api import (
-    ConstraintSpec,
-    EngineError,
-    EngineStopped,
-    GenerationRequest,
-    QueueTimeout,
-    StepOutput,
-)
 from ninfer.engine.cold_tier import build_cold_tier, lane_pools
 from ninfer.engine.commit import Committer
 from ninfer.engine.config import EngineConfig
@@ -50,6 +42,14 @@ from ninfer.engine.slots import SlotLayout, make_lanes
 from ninfer.engine.speculative.build import build_spec, check_spec, draft_slots
 from ninfer.engine.stops import Detokenizer, StopChecker
 from ninfer.engine.tickets import Ticket, TicketBook
+from ninfer.engine.types import (
+    ConstraintSpec,
+    EngineError,
+    EngineStopped,
+    GenerationRequest,
+    QueueTimeout,
+    StepOutput,
+)
 from ninfer.engine.warmup import WarmupReport, warm_prefill, warm_sampling, warmup_chunks
 from ninfer.kernels import jit_watch
 from ninfer.model.cache import KVPool, StatePool, kv_storage_dtype

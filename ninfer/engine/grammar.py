@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from ninfer.engine import json_schema
-from ninfer.engine.api import ConstraintSpec
 from ninfer.engine.sampler import word_bit
+from ninfer.engine.types import ConstraintSpec
 
 log = logging.getLogger("ninfer.engine.grammar")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ninfer.engine.api import TokenLogprob
 from ninfer.engine.sampler import RowSampler
+from ninfer.engine.types import TokenLogprob
 
 if TYPE_CHECKING:
     from ninfer.engine.multimodal import MultimodalPrompt

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from ninfer.engine import engine as engine_module
-from ninfer.engine.api import SamplingParams
 from ninfer.engine.graphs import EagerCapture
 from ninfer.engine.plan import DecodeRow, SlotOp
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
 from ninfer.engine.speculative.mtp import MTPDrafter, rope_positions
+from ninfer.engine.types import SamplingParams
 from tests.speculative.helpers import PROMPTS, draft_head, engine, mtp_model, request, run_batch
 
 CPU = torch.device("cpu")

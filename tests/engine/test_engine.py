@@ -7,7 +7,10 @@ import time
 
 import pytest
 
-from ninfer.engine.api import (
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.engine import Engine
+from ninfer.engine.stops import Detokenizer
+from ninfer.engine.types import (
     ContextLengthExceeded,
     EngineError,
     EngineOverloaded,
@@ -16,9 +19,6 @@ from ninfer.engine.api import (
     QueueTimeout,
     SamplingParams,
 )
-from ninfer.engine.config import EngineConfig
-from ninfer.engine.engine import Engine
-from ninfer.engine.stops import Detokenizer
 from tests.engine.tiny import make_engine
 
 PROMPT_LENS = (5, 130, 17, 64, 3, 90, 41, 200)

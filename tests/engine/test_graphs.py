@@ -10,7 +10,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.graphs import EagerCapture, InstallCut, StepGraphs
@@ -18,6 +17,7 @@ from ninfer.engine.plan import DecodePlan, DecodeRow, PrefillPlan
 from ninfer.engine.runner import MOE_GRAPH_SEGMENTS, Runner
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
 from ninfer.engine.step_io import pack, packed_len, unpack
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from ninfer.model.cache import PAGE_SIZE, KVPool, StatePool, make_batch
 
 CPU = torch.device("cpu")

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from ninfer.engine.api import SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.graphs import EagerCapture
 from ninfer.engine.plan import PrefillPlan
 from ninfer.engine.runner import Runner, prefill_graph_shapes, small_prefill_buckets
+from ninfer.engine.types import SamplingParams
 from ninfer.model.config import TextConfig
 from tests.engine.test_graphs import CPU, _collect, _generate, _submit
 

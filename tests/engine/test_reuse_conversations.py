@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import re
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from ninfer.frontend.capabilities import resolve_capabilities
 from ninfer.frontend.conversation import Conversation, Message, TextPart, Tool, ToolCall, text_message
 from ninfer.frontend.lower import render_chat

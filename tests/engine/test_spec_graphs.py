@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import torch
 
-from ninfer.engine.api import GenerationRequest
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.graphs import EagerCapture, StepGraphs
 from ninfer.engine.runner import Runner
+from ninfer.engine.types import GenerationRequest
 from tests.speculative.helpers import PROMPTS, mtp_model, prompt, request, run_batch
 
 K = 3

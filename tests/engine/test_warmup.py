@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.plan import PrefillPlan
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from ninfer.engine.warmup import SMALL_LIMIT, warm_prefill, warm_sampling, warmup_chunks, warmup_samplers
 from tests.engine.tiny import make_engine
 

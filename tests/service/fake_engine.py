@@ -14,7 +14,13 @@ import time
 from typing import Any
 
 from ninfer.bootstrap import engine_config
-from ninfer.engine.api import (
+from ninfer.engine.counters import Counters
+from ninfer.engine.grammar import GrammarUnavailable
+from ninfer.engine.handle import RequestHandle
+from ninfer.engine.scheduler import Snapshot
+from ninfer.engine.stops import StopChecker
+from ninfer.engine.tickets import Ticket, TicketBook
+from ninfer.engine.types import (
     ConstraintSpec,
     ContextLengthExceeded,
     GenerationRequest,
@@ -22,12 +28,6 @@ from ninfer.engine.api import (
     RequestStats,
     StepOutput,
 )
-from ninfer.engine.counters import Counters
-from ninfer.engine.grammar import GrammarUnavailable
-from ninfer.engine.handle import RequestHandle
-from ninfer.engine.scheduler import Snapshot
-from ninfer.engine.stops import StopChecker
-from ninfer.engine.tickets import Ticket, TicketBook
 from ninfer.text.detok import IncrementalDetokenizer
 from ninfer.text.tokenizer import Tokenizer
 

@@ -38,10 +38,10 @@ from ninfer.api.pipeline import Pipeline
 from ninfer.api.prompting import FrontendPrompts
 from ninfer.artifact import ensure_demo_artifact, open_artifact
 from ninfer.config import load_settings
-from ninfer.engine.api import GenerationRequest
 from ninfer.engine.intake import prepare
 from ninfer.engine.sampler import RowSampler, sample_rows
 from ninfer.engine.tickets import Ticket
+from ninfer.engine.types import GenerationRequest
 from ninfer.frontend.options import ServerDefaults
 from ninfer.service.app import create_app
 from ninfer.service.console import LOGGER_NAME

@@ -7,9 +7,9 @@ from falcon import testing
 
 from ninfer.api.pipeline import Pipeline
 from ninfer.config.loader import load_settings
-from ninfer.engine.api import EngineError, GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
+from ninfer.engine.types import EngineError, GenerationRequest, SamplingParams
 from ninfer.service.app import create_app
 from ninfer.service.runtime import ServiceRuntime
 from ninfer.service.telemetry import Tracing

@@ -21,12 +21,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from ninfer.api.tool_control import ToolControl, answer_constraint
 from ninfer.engine import engine as engine_module
-from ninfer.engine.api import ConstraintSpec, GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.grammar import Grammars
 from ninfer.engine.graphs import EagerCapture
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling, run_masked
+from ninfer.engine.types import ConstraintSpec, GenerationRequest, SamplingParams
 from ninfer.frontend.conversation import Tool
 from ninfer.frontend.parser import parse_text
 from tests.speculative.helpers import VOCAB, assert_same_logprobs, mtp_model, prompt, run_batch, run_logprobs

@@ -14,10 +14,10 @@ from PIL import Image
 from ninfer.artifact.convert import convert
 from ninfer.artifact.opener import open_artifact
 from ninfer.bootstrap import vision_tower
-from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.multimodal import MultimodalPrompt
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from ninfer.media.config import VIDEO, ImageProcessing, PreparedMedia
 from ninfer.media.image import prepare_image
 from ninfer.media.mrope_index import MMTokenIds, build_mm_positions, expand_placeholders, token_types

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from ninfer.engine.api import EngineConfigError
 from ninfer.engine.config import DFLASH_MAX_DRAFT, MTP_MAX_DRAFT, EngineConfig
 from ninfer.engine.slots import SlotLayout
 from ninfer.engine.speculative.decoder import Drafter, SpecDecoder
@@ -12,6 +11,7 @@ from ninfer.engine.speculative.dflash import DFlashEngineDrafter
 from ninfer.engine.speculative.draft_head import DraftHead
 from ninfer.engine.speculative.mtp import MTPDrafter
 from ninfer.engine.speculative.oracle import OracleDrafter
+from ninfer.engine.types import EngineConfigError
 from ninfer.model.cache import KVPool, StatePool
 from ninfer.model.config import MOE
 
