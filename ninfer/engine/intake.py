@@ -31,7 +31,7 @@ class Intake:
     constraint: TokenConstraint | None = None  # the request's grammar matcher (None: free)
 
 
-def prepare(
+def validate_request(
     request: GenerationRequest,
     ticket: Ticket,
     now: float,

@@ -64,7 +64,7 @@ class Runner:
 
     Shapes are static per batch size: the page table is always `max_pages` wide (the pages of
     one max_context sequence). Decode batches of 1..max_batch rows replay CUDA graphs captured by
-    `prepare()` (before the first step) unless `cuda_graphs` is off or the device is the CPU; with
+    `capture_graphs()` (before the first step) unless `cuda_graphs` is off or the device is the CPU; with
     a speculative decoder that allows graphs, verification (q = k + 1) is captured too, as are
     the drafter's own graphs (one manager, `StepGraphs`), and the decoder runs every target
     forward through `forward`. `compile` runs the step through `torch.compile` (inductor, graph
@@ -116,20 +116,20 @@ class Runner:
         self.graphs: StepGraphs | None = None
         self.graph_stats: GraphStats | None = None
         self._on_launch: Callable[[], None] | None = None  # the running launch's (see launch)
-        self._prepared = False
+        self._capture_ran = False
         self._steps = 0
         self._resolved_at = 0.0  # perf_counter of the last `resolve`
 
-    def prepare(self) -> GraphStats | None:
+    def capture_graphs(self) -> GraphStats | None:
         """Capture every graph through the one manager (`StepGraphs`): the step's decode, verify
         and prefill shapes and the drafter's proposal graphs; must run before the first step
         (warm-up writes scratch state). Idempotent; a failed capture leaves its graphs eager and
         says why in `graph_stats`."""
-        if self._prepared:
+        if self._capture_ran:
             return self.graph_stats
         if self._steps:
-            raise RuntimeError("Runner.prepare() must run before the first step")
-        self._prepared = True
+            raise RuntimeError("Runner.capture_graphs() must run before the first step")
+        self._capture_ran = True
         if self._capture is None or (self.spec is not None and not self.spec.graphable):
             return None
         if self.device.type == "cuda" and self.device.index is not None:
@@ -162,8 +162,8 @@ class Runner:
         run the eager step from now on and capture again."""
         log.warning("torch.compile of the step failed at startup, the eager step runs: %s", error)
         self._step, self._compiled = self._forward_logits, False
-        self._prepared = False
-        stats = self.prepare()
+        self._capture_ran = False
+        stats = self.capture_graphs()
         if stats is not None:
             stats.compile_error = error
         return stats
@@ -278,8 +278,8 @@ class Runner:
 
     def _begin(self) -> float:
         """A step starts: capture first if not done yet; -> its start time."""
-        if not self._prepared:
-            self.prepare()
+        if not self._capture_ran:
+            self.capture_graphs()
         self._steps += 1
         return time.perf_counter()
 

@@ -161,7 +161,7 @@ def run(settings: Settings, body: dict[str, Any], prog: str, out: TextIO, err: T
                 return EXIT_USAGE
             progress.phase("warming up")
             engine.start()
-            if not engine.wait_prepared():
+            if not engine.wait_ready():
                 progress.done("failed")
                 err.write(f"{prog}: error: the engine failed while warming up: {engine.error}\n")
                 return EXIT_FAILED

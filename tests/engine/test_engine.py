@@ -233,15 +233,15 @@ def test_submit_racing_the_drain_exit_is_refused(small_model) -> None:
 
 
 def test_engine_thread_failure_fails_every_request_and_refuses_new_ones(small_model) -> None:
-    # A runner failure outside a step (here its preparation) ends the engine thread: every
+    # A runner failure outside a step (here its graph capture) ends the engine thread: every
     # queued request ends with EngineError instead of waiting forever, and so does new work.
     config = EngineConfig(max_concurrency=1, max_pending=2, max_context=256, prefill_chunk=64)
     eng = Engine(small_model, config)
 
-    def broken_prepare() -> None:
+    def broken_capture() -> None:
         raise RuntimeError("capture failed")
 
-    eng.runner.prepare = broken_prepare
+    eng.runner.capture_graphs = broken_capture
     handles = [eng.submit(eng.reserve(), _req(f"q{i}", _prompt(8, 20 + i), max_tokens=4)) for i in range(2)]
     eng.start()
     for h in handles:

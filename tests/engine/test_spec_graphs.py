@@ -121,7 +121,7 @@ def _graphed(model: Any, config: EngineConfig) -> tuple[Engine, EagerCapture, li
         replays.append((b, q))
         return inner_run(self, packed, b, q, feed)
 
-    eng.runner.prepare()
+    eng.runner.capture_graphs()
     graphs = eng.runner.graphs
     assert graphs is not None
     graphs.run = run.__get__(graphs)  # type: ignore[method-assign]

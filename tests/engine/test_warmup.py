@@ -53,7 +53,7 @@ def test_warmed_engine_computes_what_a_cold_one_does(small_model: Any) -> None:
         cold.shutdown()
     warm = make_engine(small_model, kv_capacity=2048, prefill_warmup=True)
     try:
-        assert warm.wait_prepared(120)
+        assert warm.wait_ready(120)
         assert warm.warmup is not None and warm.warmup.chunks == len(warmup_chunks(64, 256))
         assert warm.warmup.thin and len(warm.model.layers) == len(small_model.config.layer_types)
         assert _run(warm) == want

@@ -145,7 +145,7 @@ class FakeEngine:
             resident_pages=0,
         )
 
-    def wait_prepared(self, timeout: float | None = None) -> bool:
+    def wait_ready(self, timeout: float | None = None) -> bool:
         return True
 
     def check_constraint(self, spec: ConstraintSpec) -> None:
