@@ -115,7 +115,7 @@ class Engine:
             self.layout,
             max_pages,
             draft_head,
-            graphed=capture is not None,
+            cuda_graph=capture is not None,
         )
         pools = lane_pools(self.kv, self.states, self.spec)  # cold tier: None when no arena is left
         self.cold_tier = build_cold_tier(config, pools, self.device, cold_store)
@@ -131,7 +131,7 @@ class Engine:
             self.device,
             config.vocab_limit,
             max_batch=config.max_concurrency,
-            cuda_graphs=capture is not None,  # with --spec: decode, verify and MTP proposal graphs
+            cuda_graph=capture is not None,  # with --spec: decode, verify and MTP proposal graphs
             capture=capture,
             compile=config.compile,
             graph_segments=config.graph_segments or default_graph_segments(self.text_config),

@@ -64,7 +64,7 @@ class Runner:
 
     Shapes are static per batch size: the page table is always `max_pages` wide (the pages of
     one max_context sequence). Decode batches of 1..max_batch rows replay CUDA graphs captured by
-    `capture_graphs()` (before the first step) unless `cuda_graphs` is off or the device is the CPU; with
+    `capture_graphs()` (before the first step) unless `cuda_graph` is off or the device is the CPU; with
     a speculative decoder that allows graphs, verification (q = k + 1) is captured too, as are
     the drafter's own graphs (one manager, `StepGraphs`), and the decoder runs every target
     forward through `forward`. `compile` runs the step through `torch.compile` (inductor, graph
@@ -81,7 +81,7 @@ class Runner:
         vocab_limit: int | None = None,
         *,
         max_batch: int = 1,
-        cuda_graphs: bool = True,
+        cuda_graph: bool = True,
         compile: bool = False,
         capture: CaptureBackend | None = None,
         graph_segments: int = 1,
@@ -105,7 +105,7 @@ class Runner:
         # capture: None = CUDA graphs on a GPU; a backend is given by tests (e.g. EagerCapture)
         if capture is None:
             capture = default_capture(device)
-        self._capture = capture if cuda_graphs else None
+        self._capture = capture if cuda_graph else None
         self._step: StepFn = self._forward_logits
         self._compiled = compile
         self.graph_segments = graph_segments  # layer groups per captured step (1: one graph)
@@ -374,7 +374,7 @@ class Runner:
 
     def _bucket(self, plan: PrefillPlan) -> int | None:
         """The captured prefill graph a chunk fits (text only, its pages covering the padding)."""
-        if plan.multimodal is not None or not plan.graph or plan.prompt_logprobs is not None:
+        if plan.multimodal is not None or not plan.cuda_graph or plan.prompt_logprobs is not None:
             return None
         return self.prefill_bucket([(len(plan.tokens), plan.start, len(plan.pages))])
 

@@ -42,12 +42,12 @@ def _sampler(temperature: float = 0.0) -> RowSampler:
     return RowSampler(resolve_sampling(params, None, SamplingOverrides()))
 
 
-def _drafter(model, head, k: int, graphs: bool) -> MTPDrafter:
+def _drafter(model, head, k: int, cuda_graph: bool) -> MTPDrafter:
     d = MTPDrafter(
         model, 1 + LANES * PAGES_PER_LANE, LANES, PAGES_PER_LANE + 1, torch.float32, CPU, head,
         vocab_limit=500, draft_tokens=k, max_batch=LANES,
     )  # fmt: skip
-    if graphs:
+    if cuda_graph:
         backend = EagerCapture()
         stats = d.capture_graphs(backend)
         assert (

@@ -125,7 +125,7 @@ def _greedy() -> RowSampler:
 def test_runner_graph_switches_and_fallback(small_model) -> None:
     assert _runner(small_model).capture_graphs() is None  # CPU: nothing is captured by default
     backend = EagerCapture()
-    off = _runner(small_model, cuda_graphs=False, capture=backend)
+    off = _runner(small_model, cuda_graph=False, capture=backend)
     assert off.capture_graphs() is None and off.graphs is None and backend.captured == []
     failing = _runner(small_model, capture=_FailingCapture())
     stats = failing.capture_graphs()
@@ -221,7 +221,7 @@ def test_on_launch_runs_once_after_a_graph_launch_and_before_eager_work(small_mo
         DecodePlan([DecodeRow(1, 7, 3, 0, [1], _greedy())]), on_launch=lambda: events.append("launch")
     )
     assert events == ["replay", "launch"]
-    eager = _runner(small_model, cuda_graphs=False)
+    eager = _runner(small_model, cuda_graph=False)
     events.clear()
     eager.execute(prefill, on_launch=lambda: events.append("launch"))
     eager.execute(

@@ -102,7 +102,7 @@ def test_a_chunk_whose_padding_has_no_pages_runs_eagerly(small_model) -> None:
     assert runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 33, start=0, slot=0, pages=[0, 1])) is None
     # warm-up asks for the eager forward where a bucket fits (it compiles that path before ready)
     assert (
-        runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, start=0, slot=0, pages=[0], graph=False))
+        runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, start=0, slot=0, pages=[0], cuda_graph=False))
         is None
     )
     assert used == []

@@ -68,7 +68,7 @@ def test_warm_up_chunks_run_the_eager_forward() -> None:
     warm-up compiles the eager path of every length (the bucket graphs were captured before)."""
     plans: list[PrefillPlan] = []
     warm_prefill(plans.append, warmup_chunks(64, 256), vocab=500)
-    assert plans and all(not p.graph for p in plans)
+    assert plans and all(not p.cuda_graph for p in plans)
 
 
 def test_sampling_warm_up_takes_every_sampling_path() -> None:
