@@ -170,7 +170,7 @@ class ServiceRuntime:
         self.ctx.model_id = self.settings.server.model_id or artifact.model_id
         self._server_start(engine, path, artifact, compile_report)
         self.ctx.pipeline = pipeline
-        media_bytes = media.preparer.cache if media is not None else None  # live / retained media bytes
+        media_bytes = media.preprocessor.cache if media is not None else None  # live / retained media bytes
         self.reporter = ThroughputReporter(
             engine,
             self.log,
