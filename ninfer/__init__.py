@@ -9,7 +9,7 @@ from ninfer.version import __version__
 __all__ = ["LLM", "SamplingParams", "__version__"]
 
 if TYPE_CHECKING:
-    from ninfer.engine.api import SamplingParams
+    from ninfer.engine.types import SamplingParams
     from ninfer.offline import LLM
 
 
@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:  # lazy: importing ninfer must not import tor
 
         return LLM
     if name == "SamplingParams":
-        from ninfer.engine.api import SamplingParams
+        from ninfer.engine.types import SamplingParams
 
         return SamplingParams
     raise AttributeError(name)

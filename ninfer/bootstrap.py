@@ -19,12 +19,12 @@ from ninfer.artifact.reader import Artifact
 from ninfer.artifact.registry import sampler_preset
 from ninfer.config import Settings
 from ninfer.config.groups import ColdTierSettings, SpecSettings
-from ninfer.engine.api import EngineConfigError
 from ninfer.engine.config import DEFAULT_DRAFT_TOKENS, EngineConfig, SamplingOverrides
 from ninfer.engine.engine import Engine
 from ninfer.engine.grammar import Grammars
 from ninfer.engine.speculative.draft_head import DraftHead
 from ninfer.engine.stops import Detokenizer
+from ninfer.engine.types import EngineConfigError
 from ninfer.kernels.dispatch import get_ops
 from ninfer.model.qwen35 import Qwen35Model
 from ninfer.model.weights import load_model

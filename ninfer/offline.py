@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ninfer.engine.api import FinishReason, SamplingParams
+from ninfer.engine.types import FinishReason, SamplingParams
 from ninfer.model.cache import PAGE_SIZE, KVPool, StatePool, make_batch
 from ninfer.model.qwen35 import Qwen35Model
 from ninfer.model.weights import load_model
@@ -158,7 +158,7 @@ class LLM:
         and strings, and prefix reuse across calls (`cached_tokens`). Unset sampling fields
         mean neutral sampling (temperature 1, no top-k/top-p cut).
         """
-        from ninfer.engine.api import GenerationRequest
+        from ninfer.engine.types import GenerationRequest
 
         p = params or SamplingParams(temperature=0.0)
         batch = self._as_list(prompts)

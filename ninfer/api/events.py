@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ninfer.engine.api import ConstraintSpec, SamplingParams
+from ninfer.engine.types import ConstraintSpec, SamplingParams
 from ninfer.frontend import parser
 from ninfer.frontend.conversation import Conversation, ToolCall
 from ninfer.frontend.options import RequestOptions

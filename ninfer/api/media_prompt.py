@@ -1,7 +1,7 @@
-"""Media of a rendered prompt: prepare the items, expand their placeholders, build the engine's multimodal input.
+"""Media of a rendered prompt: preprocess the items, expand their placeholders, build the engine's multimodal input.
 
 `MediaPrompts.expand(token_ids, parts, deadline, turn, response)` runs the request's media through
-`MediaPreparer` (bounded pool, cache, budgets; the permit waits until the request's deadline),
+`MediaPreprocessor` (bounded pool, cache, budgets; the permit waits until the request's deadline),
 expands every ``<|image_pad|>`` / ``<|video_pad|>`` to its grid, moves the checkpoint boundaries
 accordingly and returns the engine's `MultimodalPrompt` (which owns the payload references until
 the engine or the caller closes it) plus the request-log fields.
@@ -20,7 +20,7 @@ from ninfer.media.cache import PreparationTimeout
 from ninfer.media.config import IMAGE, VIDEO, ImageProcessing, PreparedMedia, VideoProcessing
 from ninfer.media.errors import MediaError
 from ninfer.media.mrope_index import MMTokenIds, build_mm_positions, expand_placeholders
-from ninfer.media.prepare import MediaItem, MediaPreparer, PreparedRequest, RequestLimits
+from ninfer.media.preprocess import MediaItem, MediaPreprocessor, PreparedRequest, RequestLimits
 
 
 class MediaSettings(Protocol):
@@ -90,7 +90,7 @@ def _log(prep: PreparedRequest) -> dict[str, Any]:
     c = prep.counters
     return {
         "acquire_seconds": prep.acquire_seconds,
-        "preprocess_seconds": prep.prepare_seconds,
+        "preprocess_seconds": prep.preprocess_seconds,
         "preprocess_work_seconds": c.build_seconds,
         "cache_hits": c.hits,
         "cache_misses": c.misses,
@@ -120,13 +120,13 @@ class MediaPrompts:
 
     def __init__(
         self,
-        preparer: MediaPreparer,
+        preprocessor: MediaPreprocessor,
         max_context: int,
         encode_text: Callable[[str], list[int]],
         ids: MMTokenIds = MMTokenIds(),
         merge: int = 2,
     ) -> None:
-        self.preparer = preparer
+        self.preprocessor = preprocessor
         self.limits = RequestLimits.for_context(max_context)
         self.encode_text = encode_text
         self.ids = ids
@@ -142,7 +142,7 @@ class MediaPrompts:
     ) -> ExpandedMedia:
         items = [MediaItem(IMAGE if isinstance(p, ImagePart) else VIDEO, p.url) for p in parts]
         try:
-            prep = self.preparer.prepare(items, self.limits, deadline)
+            prep = self.preprocessor.preprocess(items, self.limits, deadline)
         except (MediaError, PreparationTimeout) as exc:
             raise media_api_error(exc) from None
         try:
@@ -222,5 +222,5 @@ def build_media_prompts(
     ids = MMTokenIds(
         cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id
     )
-    preparer = MediaPreparer(cache, fetch, image, video)
-    return MediaPrompts(preparer, max_context, encode_text, ids, image.merge_size)
+    preprocessor = MediaPreprocessor(cache, fetch, image, video)
+    return MediaPrompts(preprocessor, max_context, encode_text, ids, image.merge_size)

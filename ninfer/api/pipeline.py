@@ -11,7 +11,9 @@ from typing import Any
 from ninfer.api.errors import ApiError, internal, invalid, unsupported
 from ninfer.api.events import Event, Finished, FinishKind, GenerationJob, LogprobsDelta, Usage
 from ninfer.api.ports import EnginePort, Handle, Observer, OutputDecoder, Prepared, PromptPort
-from ninfer.engine.api import (
+from ninfer.engine.grammar import GrammarError, GrammarUnavailable
+from ninfer.engine.tickets import Ticket
+from ninfer.engine.types import (
     ContextLengthExceeded,
     EngineError,
     EngineOverloaded,
@@ -22,8 +24,6 @@ from ninfer.engine.api import (
     StepOutput,
     TokenLogprob,
 )
-from ninfer.engine.grammar import GrammarError, GrammarUnavailable
-from ninfer.engine.tickets import Ticket
 from ninfer.frontend.parser import ParseResult
 
 CANCEL_WAIT_S = 10.0  # bound on waiting for the engine to acknowledge a cancellation

@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 from ninfer.api.errors import ApiError
 from ninfer.api.events import GenerationJob
-from ninfer.engine.api import ConstraintSpec, GenerationRequest, RequestStats, StepOutput
 from ninfer.engine.multimodal import MultimodalPrompt
 from ninfer.engine.tickets import Ticket  # a lifetime reservation (its deadline bounds media prep)
+from ninfer.engine.types import ConstraintSpec, GenerationRequest, RequestStats, StepOutput
 from ninfer.frontend.capabilities import TemplateCapabilities
 from ninfer.frontend.conversation import Conversation, Tool
 from ninfer.frontend.options import RequestOptions

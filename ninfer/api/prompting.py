@@ -8,10 +8,11 @@ from ninfer.api.compat import HINT
 from ninfer.api.errors import ApiError, invalid
 from ninfer.api.media_prompt import MediaPrompts
 from ninfer.api.ports import Prepared
-from ninfer.engine.api import StepOutput
+from ninfer.engine.types import StepOutput
 from ninfer.frontend import parser as fp
 from ninfer.frontend.capabilities import resolve_capabilities
 from ninfer.frontend.conversation import Conversation, Message, TextPart, Tool
+from ninfer.frontend.encode import encode_prompt
 from ninfer.frontend.options import (
     FrontendError,
     PromptOptions,
@@ -19,7 +20,6 @@ from ninfer.frontend.options import (
     ServerDefaults,
     resolve_options,
 )
-from ninfer.frontend.prepare import prepare_prompt
 from ninfer.frontend.render import TemplateError
 from ninfer.text.tokenizer import Tokenizer
 
@@ -112,7 +112,7 @@ class FrontendPrompts:
     ) -> Prepared:
         options = self._options(controls)
         try:
-            prompt = prepare_prompt(conversation, options, self.template, self.tokenizer, self.caps)
+            prompt = encode_prompt(conversation, options, self.template, self.tokenizer, self.caps)
         except TemplateError as exc:
             raise invalid(
                 "messages", f"the chat template rejected the conversation: {exc}", "invalid_prompt"

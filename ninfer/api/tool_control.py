@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ninfer.api.errors import invalid
-from ninfer.engine.api import ConstraintSpec
+from ninfer.engine.types import ConstraintSpec
 from ninfer.frontend import tool_grammar
 from ninfer.frontend.conversation import Tool
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ninfer.engine.api import FinishReason, StepOutput, TokenLogprob
 from ninfer.engine.counters import Counters
 from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.plan import DecodePlan, PrefillPlan, StepResult
 from ninfer.engine.retire import Retirer
 from ninfer.engine.scheduler import DECODE, Scheduler, Seq
 from ninfer.engine.speculative import counters as spec_counters
+from ninfer.engine.types import FinishReason, StepOutput, TokenLogprob
 
 
 class Committer:

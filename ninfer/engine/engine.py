@@ -21,14 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ninfer.engine.api import (
-    ConstraintSpec,
-    EngineError,
-    EngineStopped,
-    GenerationRequest,
-    QueueTimeout,
-    StepOutput,
-)
 from ninfer.engine.cold_tier import build_cold_tier, lane_pools
 from ninfer.engine.commit import Committer
 from ninfer.engine.config import EngineConfig
@@ -36,7 +28,7 @@ from ninfer.engine.counters import Counters
 from ninfer.engine.grammar import Grammars, GrammarUnavailable
 from ninfer.engine.graphs import GraphStats, default_capture
 from ninfer.engine.handle import Outbox, RequestHandle
-from ninfer.engine.intake import prepare
+from ninfer.engine.intake import validate_request
 from ninfer.engine.multimodal import MediaEncoder
 from ninfer.engine.pages import PageAllocator, pages_for
 from ninfer.engine.plan import DecodePlan, PrefillBatch, PrefillPlan, StepPlan, StepResult
@@ -50,6 +42,14 @@ from ninfer.engine.slots import SlotLayout, make_lanes
 from ninfer.engine.speculative.build import build_spec, check_spec, draft_slots
 from ninfer.engine.stops import Detokenizer, StopChecker
 from ninfer.engine.tickets import Ticket, TicketBook
+from ninfer.engine.types import (
+    ConstraintSpec,
+    EngineError,
+    EngineStopped,
+    GenerationRequest,
+    QueueTimeout,
+    StepOutput,
+)
 from ninfer.engine.warmup import WarmupReport, warm_prefill, warm_sampling, warmup_chunks
 from ninfer.kernels import jit_watch
 from ninfer.model.cache import KVPool, StatePool, kv_storage_dtype
@@ -115,7 +115,7 @@ class Engine:
             self.layout,
             max_pages,
             draft_head,
-            graphed=capture is not None,
+            cuda_graph=capture is not None,
         )
         pools = lane_pools(self.kv, self.states, self.spec)  # cold tier: None when no arena is left
         self.cold_tier = build_cold_tier(config, pools, self.device, cold_store)
@@ -131,7 +131,7 @@ class Engine:
             self.device,
             config.vocab_limit,
             max_batch=config.max_concurrency,
-            cuda_graphs=capture is not None,  # with --spec: decode, verify and MTP proposal graphs
+            cuda_graph=capture is not None,  # with --spec: decode, verify and MTP proposal graphs
             capture=capture,
             compile=config.compile,
             graph_segments=config.graph_segments or default_graph_segments(self.text_config),
@@ -165,9 +165,9 @@ class Engine:
         )
         self._thread: threading.Thread | None = None
         self.error: str | None = None  # set when the engine thread died; every request then fails
-        self.prepared = threading.Event()  # set once the engine thread finished warm-up / graph capture
+        self.ready = threading.Event()  # set once the engine thread finished warm-up / graph capture
         self.warmup: WarmupReport | None = None  # the prefill warm-up before ready (None: not run)
-        self.compiles_at_ready = 0  # jit_watch.count() when prepared (late_compiles counts from it)
+        self.compiles_at_ready = 0  # jit_watch.count() when ready (late_compiles counts from it)
         self._kernels_at_ready: dict[str, int] = {}
         jit_watch.install()
 
@@ -178,15 +178,19 @@ class Engine:
             self._thread.start()
         return self
 
-    def wait_prepared(self, timeout: float | None = None) -> bool:
+    def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until warm-up and CUDA graph capture are done (or the engine failed)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.prepared.wait(0.05):
+        while not self.ready.wait(0.05):
             if self.error is not None:
                 return False
             if deadline is not None and time.monotonic() > deadline:
                 return False
         return True
+
+    def wait_prepared(self, timeout: float | None = None) -> bool:
+        """`wait_ready` under its former name, which the ops/bench scripts still call."""
+        return self.wait_ready(timeout)
 
     def check_constraint(self, spec: ConstraintSpec) -> None:
         """Compile (and cache) a request's grammar on the caller's thread, before admission;
@@ -203,7 +207,7 @@ class Engine:
     def submit(self, ticket: Ticket, request: GenerationRequest) -> RequestHandle:
         """Queue a prepared prompt under `ticket`; validation errors raise here, synchronously."""
         now = time.monotonic()
-        intake = prepare(
+        intake = validate_request(
             request,
             ticket,
             now,
@@ -254,15 +258,15 @@ class Engine:
             self._cv.notify()
 
     def late_compiles(self) -> int:
-        """Kernels and graphs compiled since the engine reported prepared (0 on a warmed server)."""
-        return jit_watch.count() - self.compiles_at_ready if self.prepared.is_set() else 0
+        """Kernels and graphs compiled since the engine reported ready (0 on a warmed server)."""
+        return jit_watch.count() - self.compiles_at_ready if self.ready.is_set() else 0
 
     def late_kernels(self) -> dict[str, int]:
-        """Triton kernels specialised since prepared, by name (what a warm-up missed)."""
+        """Triton kernels specialised since ready, by name (what a warm-up missed)."""
         now, then = jit_watch.by_name(), self._kernels_at_ready
         return (
             {k: n - then.get(k, 0) for k, n in now.items() if n > then.get(k, 0)}
-            if self.prepared.is_set()
+            if self.ready.is_set()
             else {}
         )
 
@@ -308,7 +312,7 @@ class Engine:
 
     def _serve(self) -> None:
         sched = self.scheduler
-        self.runner.prepare()  # CUDA graph capture, on this thread, before any sequence exists
+        self.runner.capture_graphs()  # on this thread, before any sequence exists
         sched.prefill_fit = self.runner.prefill_bucket  # short chunks of several requests: one replay
         warm = self.config.prefill_warmup
         if warm or (warm is None and self.device.type == "cuda"):
@@ -318,7 +322,7 @@ class Engine:
                 self.warmup = warm_prefill(self.runner.execute, chunks, vocab, thin=thin)
             warm_sampling(self.device, self.text_config.vocab_size, self.config.max_concurrency)
             if self.grammars is not None:
-                self.grammars.prepare()  # ~2 s of tokenizer tables, not in the first constrained request
+                self.grammars.build_tables()  # ~2 s of tokenizer tables, not in the first constrained request
             log.info(
                 "prefill warm-up: %d chunks in %.1fs%s",
                 self.warmup.chunks,
@@ -327,7 +331,7 @@ class Engine:
             )
         self.compiles_at_ready = jit_watch.count()
         self._kernels_at_ready = jit_watch.by_name()
-        self.prepared.set()
+        self.ready.set()
         while True:
             with self._cv:
                 new, self._inbox = self._inbox, []

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from ninfer.engine import json_schema
-from ninfer.engine.api import ConstraintSpec
 from ninfer.engine.sampler import word_bit
+from ninfer.engine.types import ConstraintSpec
 
 log = logging.getLogger("ninfer.engine.grammar")
 
@@ -52,7 +52,7 @@ class GrammarUnavailable(GrammarError):
 class Grammars:
     """The process's grammar compiler over the model's vocabulary; thread-safe, lazy (the
     tokenizer tables take ~2 s to build: on the first constrained request, or before ready where
-    the engine warms up, `prepare`)."""
+    the engine warms up, `build_tables`)."""
 
     def __init__(self, tokenizer_path: str | Path, vocab_size: int, stop_ids: Iterable[int]) -> None:
         self.tokenizer_path = str(tokenizer_path)
@@ -64,7 +64,7 @@ class Grammars:
         self._cache: OrderedDict[ConstraintSpec, Any] = OrderedDict()
         self.tables_s: float | None = None  # what building the tokenizer tables took, once built
 
-    def prepare(self) -> None:
+    def build_tables(self) -> None:
         """Build the tokenizer tables now (the engine's warm-up), not in the first constrained
         request. A failure (e.g. xgrammar missing) is logged and left to the constrained requests,
         which fail as they would have: the engine serves everything else."""
@@ -73,6 +73,10 @@ class Grammars:
                 self._ensure()
         except Exception as exc:
             log.warning("grammar tables not built before ready (%s: %s)", type(exc).__name__, exc)
+
+    def prepare(self) -> None:
+        """`build_tables` under its former name, which ops/bench/grammar_overhead.py still calls."""
+        self.build_tables()
 
     def _ensure(self) -> Any:
         if self._compiler is None:
@@ -122,17 +126,17 @@ class Grammars:
 
 
 def _ebnf(spec: ConstraintSpec) -> str:
-    """The grammar of a json_schema or structural_tag spec as EBNF: its schemas prepared and
+    """The grammar of a json_schema or structural_tag spec as EBNF: its schemas rewritten and
     its JSON strings fixed (`ninfer.engine.json_schema`)."""
     import xgrammar as xgr
 
     if spec.kind == "json_schema":
-        source = json_schema.prepare(json.loads(spec.source))
+        source = json_schema.rewrite(json.loads(spec.source))
         grammar = xgr.Grammar.from_json_schema(
             json.dumps(source), any_whitespace=False, strict_mode=spec.strict
         )
     else:
-        source = json_schema.prepare_tag(json.loads(spec.source))
+        source = json_schema.rewrite_tag(json.loads(spec.source))
         grammar = xgr.Grammar.from_structural_tag(json.dumps(source))
     return json_schema.json_strings(str(grammar), source)
 

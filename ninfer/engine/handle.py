@@ -7,8 +7,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from ninfer.engine.api import EngineError, QueueTimeout, RequestStats, StepOutput
 from ninfer.engine.tickets import Ticket
+from ninfer.engine.types import EngineError, QueueTimeout, RequestStats, StepOutput
 
 
 class RequestHandle:

@@ -6,13 +6,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ninfer.engine.api import ContextLengthExceeded, GenerationRequest, QueueTimeout, RequestStats
 from ninfer.engine.config import MAX_LOGPROBS, EngineConfig
 from ninfer.engine.sampler import DraftConstraint, ResolvedSampling, TokenConstraint, resolve_sampling
 from ninfer.engine.speculative import counters as spec_counters
 from ninfer.engine.stops import Detokenizer
 from ninfer.engine.thinking_budget import ThinkClose, ThinkingBudget
 from ninfer.engine.tickets import Ticket
+from ninfer.engine.types import ContextLengthExceeded, GenerationRequest, QueueTimeout, RequestStats
 
 if TYPE_CHECKING:
     from ninfer.engine.grammar import Grammars
@@ -31,7 +31,7 @@ class Intake:
     constraint: TokenConstraint | None = None  # the request's grammar matcher (None: free)
 
 
-def prepare(
+def validate_request(
     request: GenerationRequest,
     ticket: Ticket,
     now: float,

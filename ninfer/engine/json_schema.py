@@ -1,7 +1,7 @@
 """JSON schemas at intake, before xgrammar compiles them: checked, refused where the grammar
 cannot enforce them, and rewritten where xgrammar 0.2.9 would admit invalid output.
 
-`prepare` returns the schema to compile or raises `SchemaRefused`, whose message names the schema
+`rewrite` returns the schema to compile or raises `SchemaRefused`, whose message names the schema
 path (JSON-pointer-like, `properties/a/maxLength`) and the keyword:
 
 * the schema must be valid under the Draft 2020-12 meta-schema (`maxLength: -1` is refused);
@@ -132,7 +132,7 @@ def engine_message(exc: BaseException) -> str:
 
 
 def json_strings(ebnf: str, source: Any) -> str:
-    """xgrammar's printed grammar of `source` (a prepared schema or structural tag) with its
+    """xgrammar's printed grammar of `source` (a rewritten schema or structural tag) with its
     JSON strings fixed: length-bounded ones without raw control characters (the short escapes
     allowed, one character each), and the `pattern`s of `source` as `regex_ebnf` writes them in
     place of xgrammar's JSON-string regexes."""
@@ -175,30 +175,30 @@ def meta_check(schema: Any) -> None:
         raise SchemaRefused(path, f"invalid schema: {error.message}")
 
 
-def prepare(schema: Any) -> Any:
+def rewrite(schema: Any) -> Any:
     """The schema to compile (a rewritten copy); raises `SchemaRefused` (see the module doc)."""
     meta_check(schema)
     return _Walk(schema).node(schema, "")
 
 
-def prepare_tag(tag: Any) -> Any:
-    """A structural tag with each of its JSON schemas prepared; a refusal names the tool whose
+def rewrite_tag(tag: Any) -> Any:
+    """A structural tag with each of its JSON schemas rewritten; a refusal names the tool whose
     parameters hold it (or the text format)."""
     if isinstance(tag, list):
-        return [prepare_tag(item) for item in tag]
+        return [rewrite_tag(item) for item in tag]
     if not isinstance(tag, dict):
         return tag
     if tag.get("type") == "json_schema" and "json_schema" in tag:
-        return {**tag, "json_schema": prepare(tag["json_schema"])}
+        return {**tag, "json_schema": rewrite(tag["json_schema"])}
     if tag.get("type") == "tag":
         found = re.search(r"<function=([^>\n]+)>", str(tag.get("begin", "")))
         if found is not None:
             try:
-                return {key: prepare_tag(value) for key, value in tag.items()}
+                return {key: rewrite_tag(value) for key, value in tag.items()}
             except SchemaRefused as exc:
                 where = f"tool {found.group(1)!r} parameters"
                 raise SchemaRefused(f"{where}: {exc.path}" if exc.path else where, exc.message) from None
-    return {key: prepare_tag(value) for key, value in tag.items()}
+    return {key: rewrite_tag(value) for key, value in tag.items()}
 
 
 def _width(pattern: str) -> tuple[int, float]:

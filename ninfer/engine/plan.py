@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ninfer.engine.api import TokenLogprob
 from ninfer.engine.sampler import RowSampler
+from ninfer.engine.types import TokenLogprob
 
 if TYPE_CHECKING:
     from ninfer.engine.multimodal import MultimodalPrompt
@@ -34,7 +34,7 @@ class PrefillPlan:
     ops_after: list[SlotOp] = field(default_factory=list)  # checkpoint captures at the chunk end
     sampler: RowSampler | None = None  # set on the prompt's last chunk: sample the first token
     multimodal: MultimodalPrompt | None = None  # the request's media: chunk embeddings and positions
-    graph: bool = True  # False: the eager forward even where a captured bucket fits (warm-up)
+    cuda_graph: bool = True  # False: the eager forward even where a captured bucket fits (warm-up)
     # prompt logprobs (top alternatives; None = off): the chunk's positions score `targets`, the
     # prompt tokens that follow each of them (one fewer than `tokens` on the prompt's last chunk)
     prompt_logprobs: int | None = None

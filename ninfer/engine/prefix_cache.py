@@ -27,12 +27,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ninfer.engine.api import ReusePath
 from ninfer.engine.multimodal import SpanKey
 from ninfer.engine.pages import PageAllocator, pages_for
 from ninfer.engine.plan import SlotOp
 from ninfer.engine.reuse import ReuseMatch, Tier, match_lane
 from ninfer.engine.slots import Lane
+from ninfer.engine.types import ReusePath
 
 
 @dataclass

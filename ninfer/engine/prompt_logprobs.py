@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ninfer.engine.api import TokenLogprob
+from ninfer.engine.types import TokenLogprob
 
 SCORE_BLOCK = 64  # positions whose full logits exist at once (64 x 248k float32: 63 MB)
 

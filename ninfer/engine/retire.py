@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from ninfer.engine.api import EngineError, StepOutput
 from ninfer.engine.cold_tier import ColdTier
 from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.multimodal import MediaEncoder
@@ -13,6 +12,7 @@ from ninfer.engine.pages import PageAllocator
 from ninfer.engine.plan import DecodePlan
 from ninfer.engine.prefix_cache import PrefixCache
 from ninfer.engine.scheduler import Scheduler, Seq
+from ninfer.engine.types import EngineError, StepOutput
 from ninfer.kernels import jit_watch
 
 

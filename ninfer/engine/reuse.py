@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ninfer.engine.api import ReusePath
 from ninfer.engine.multimodal import SpanKey, media_prefix_limit
 from ninfer.engine.slots import RESPONSE, TURN, Lane
+from ninfer.engine.types import ReusePath
 
 _RESTORE_PATH: dict[str, ReusePath] = {
     TURN: "restore_turn_checkpoint",

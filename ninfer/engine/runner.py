@@ -64,7 +64,7 @@ class Runner:
 
     Shapes are static per batch size: the page table is always `max_pages` wide (the pages of
     one max_context sequence). Decode batches of 1..max_batch rows replay CUDA graphs captured by
-    `prepare()` (before the first step) unless `cuda_graphs` is off or the device is the CPU; with
+    `capture_graphs()` (before the first step) unless `cuda_graph` is off or the device is the CPU; with
     a speculative decoder that allows graphs, verification (q = k + 1) is captured too, as are
     the drafter's own graphs (one manager, `StepGraphs`), and the decoder runs every target
     forward through `forward`. `compile` runs the step through `torch.compile` (inductor, graph
@@ -81,7 +81,7 @@ class Runner:
         vocab_limit: int | None = None,
         *,
         max_batch: int = 1,
-        cuda_graphs: bool = True,
+        cuda_graph: bool = True,
         compile: bool = False,
         capture: CaptureBackend | None = None,
         graph_segments: int = 1,
@@ -105,7 +105,7 @@ class Runner:
         # capture: None = CUDA graphs on a GPU; a backend is given by tests (e.g. EagerCapture)
         if capture is None:
             capture = default_capture(device)
-        self._capture = capture if cuda_graphs else None
+        self._capture = capture if cuda_graph else None
         self._step: StepFn = self._forward_logits
         self._compiled = compile
         self.graph_segments = graph_segments  # layer groups per captured step (1: one graph)
@@ -116,20 +116,20 @@ class Runner:
         self.graphs: StepGraphs | None = None
         self.graph_stats: GraphStats | None = None
         self._on_launch: Callable[[], None] | None = None  # the running launch's (see launch)
-        self._prepared = False
+        self._capture_ran = False
         self._steps = 0
         self._resolved_at = 0.0  # perf_counter of the last `resolve`
 
-    def prepare(self) -> GraphStats | None:
+    def capture_graphs(self) -> GraphStats | None:
         """Capture every graph through the one manager (`StepGraphs`): the step's decode, verify
         and prefill shapes and the drafter's proposal graphs; must run before the first step
         (warm-up writes scratch state). Idempotent; a failed capture leaves its graphs eager and
         says why in `graph_stats`."""
-        if self._prepared:
+        if self._capture_ran:
             return self.graph_stats
         if self._steps:
-            raise RuntimeError("Runner.prepare() must run before the first step")
-        self._prepared = True
+            raise RuntimeError("Runner.capture_graphs() must run before the first step")
+        self._capture_ran = True
         if self._capture is None or (self.spec is not None and not self.spec.graphable):
             return None
         if self.device.type == "cuda" and self.device.index is not None:
@@ -162,8 +162,8 @@ class Runner:
         run the eager step from now on and capture again."""
         log.warning("torch.compile of the step failed at startup, the eager step runs: %s", error)
         self._step, self._compiled = self._forward_logits, False
-        self._prepared = False
-        stats = self.prepare()
+        self._capture_ran = False
+        stats = self.capture_graphs()
         if stats is not None:
             stats.compile_error = error
         return stats
@@ -278,8 +278,8 @@ class Runner:
 
     def _begin(self) -> float:
         """A step starts: capture first if not done yet; -> its start time."""
-        if not self._prepared:
-            self.prepare()
+        if not self._capture_ran:
+            self.capture_graphs()
         self._steps += 1
         return time.perf_counter()
 
@@ -374,7 +374,7 @@ class Runner:
 
     def _bucket(self, plan: PrefillPlan) -> int | None:
         """The captured prefill graph a chunk fits (text only, its pages covering the padding)."""
-        if plan.multimodal is not None or not plan.graph or plan.prompt_logprobs is not None:
+        if plan.multimodal is not None or not plan.cuda_graph or plan.prompt_logprobs is not None:
             return None
         return self.prefill_bucket([(len(plan.tokens), plan.start, len(plan.pages))])
 

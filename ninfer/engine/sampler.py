@@ -9,8 +9,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ninfer.engine.api import SamplingParams, TokenLogprob
 from ninfer.engine.config import SamplingOverrides
+from ninfer.engine.types import SamplingParams, TokenLogprob
 
 KNOBS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
 # Used for knobs neither the preset, the process nor the request sets: plain softmax sampling.

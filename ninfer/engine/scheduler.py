@@ -6,7 +6,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ninfer.engine.api import GenerationRequest, RequestStats, TokenLogprob
 from ninfer.engine.pages import pages_for
 from ninfer.engine.plan import DecodePlan, DecodeRow, PrefillBatch, PrefillPlan, SlotOp, StepPlan
 from ninfer.engine.prefix_cache import PrefixCache
@@ -14,6 +13,7 @@ from ninfer.engine.sampler import RowSampler
 from ninfer.engine.slots import RESPONSE, TURN, Lane
 from ninfer.engine.stops import StopChecker
 from ninfer.engine.tickets import Ticket
+from ninfer.engine.types import GenerationRequest, RequestStats, TokenLogprob
 
 WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
 RESTORE = "restore"  # admitted onto a lane whose state the cold tier is still writing

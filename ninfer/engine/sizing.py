@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ninfer.engine.api import EngineConfigError
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.pages import PAGE, pages_for
+from ninfer.engine.types import EngineConfigError
 from ninfer.model.cache import KVPool
 from ninfer.model.config import TextConfig
 

@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ninfer.engine.api import EngineOverloaded
+from ninfer.engine.types import EngineOverloaded
 
 
 @dataclass(eq=False)

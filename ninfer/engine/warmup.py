@@ -5,7 +5,7 @@ decode kernels with the length unrolled at compile time, longer chunks run the c
 (fla, autotuned once per kernel) and an attention path chosen by length (< 64 tokens: paged
 attention, else gathered-page SDPA), and Triton specialises every integer argument on `== 1` and
 divisibility by 16. A length first seen after ready would compile then (seconds to a minute on
-the GPU). So the engine thread runs, before it reports prepared: every length 1..80 from an empty
+the GPU). So the engine thread runs, before it reports ready: every length 1..80 from an empty
 history, lengths around each power of two up to the chunk size, and chunks after a history (the
 second chunk of a long prompt, unaligned and aligned). The set is checked on the GPU by the
 serving benchmark, which counts compilations after ready (`ninfer.kernels.jit_watch`).
@@ -88,7 +88,7 @@ def warm_prefill(
         tokens = [(i * 7919 + j * 104729) % vocab for j in range(c.length)]
         pages = list(range(pages_for(c.start + c.length)))
         execute(PrefillPlan(seq_id=-1, tokens=tokens, start=c.start, slot=slot, pages=pages,
-                            ops_before=[SlotOp(dst=slot)] if c.start == 0 else [], graph=False))  # fmt: skip
+                            ops_before=[SlotOp(dst=slot)] if c.start == 0 else [], cuda_graph=False))  # fmt: skip
     return WarmupReport(chunks=len(chunks), seconds=time.perf_counter() - t0, thin=thin)
 
 

@@ -9,7 +9,7 @@ Modules:
 * `options` — `resolve_options(RequestOptions, caps, ServerDefaults) -> PromptOptions`;
   `FrontendError(code, param, message)`.
 * `lower` — Qwen-family lowering of system/developer messages at their positions.
-* `prepare` — `prepare_prompt(...) -> PreparedPrompt` (text, ids, checkpoints, media) and
+* `encode` — `encode_prompt(...) -> EncodedPrompt` (text, ids, checkpoints, media) and
   `count_tokens`.
 * `parser` / `toolcall` — `OutputParser` streaming reasoning, text and typed tool calls.
 """

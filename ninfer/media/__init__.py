@@ -2,7 +2,7 @@
 
 Modules: `errors` (MediaError, codes), `fetch` (bounded data-URI / HTTP(S) acquisition with the
 address policy), `config` (processor parameters, PreparedMedia), `pixels` (smart_resize,
-normalise, patchify), `image` / `video` (decode + prepare, matching transformers), `cache`
-(LRU + single flight + live-byte refcounts + preparation permit + worker pool), `prepare`
-(request-level preparation and budgets).
+normalise, patchify), `image` / `video` (decode + BF16-pack, matching transformers), `cache`
+(LRU + single flight + live-byte refcounts + preparation permit + worker pool), `preprocess`
+(request-level preprocessing and budgets).
 """

@@ -182,7 +182,7 @@ def image_target_size(width: int, height: int, cfg: ImageProcessing) -> tuple[in
     return smart_resize(height, width, cfg.patch_size * cfg.merge_size, cfg.min_pixels, cfg.max_pixels)
 
 
-def prepare_image(
+def pack_image(
     rgb: Image.Image, cfg: ImageProcessing, digest: str = "", target: tuple[int, int] | None = None
 ) -> PreparedMedia:
     """Upright RGB (or opaque gray ``L``) image -> BF16 patches [h*w, 3*temporal*patch²]
@@ -203,11 +203,11 @@ def prepare_image(
 def load_image(
     data: bytes, cfg: ImageProcessing, max_pixels: int, digest: str = "", hold: Hold = no_hold
 ) -> PreparedMedia:
-    """Plan, then decode and prepare one image (the whole per-item build run on the worker pool).
+    """Plan, then decode and pack one image (the whole per-item build run on the worker pool).
 
     `hold(transient_bytes)` is entered before the decode and left once the payload exists."""
     plan = probe_image(data, cfg, max_pixels)
     with hold(plan.transient_bytes):
         rgb = decode_image(data, max_pixels, plan, keep_gray=True)
-        media = prepare_image(rgb, cfg, digest, plan.target if plan.scale > 1 else None)
+        media = pack_image(rgb, cfg, digest, plan.target if plan.scale > 1 else None)
     return PreparedMedia(IMAGE, digest, media.patches, media.grid_thw, (), plan.decoded_pixels)

@@ -3,7 +3,7 @@
 Media-prompt API (pure: token ids and grids in, ids / spans / positions out; no model dependency):
 
 * `expand_placeholders(token_ids, items, encode_text, ids) -> ExpandedPrompt`: the rendered prompt
-  holds one ``<|image_pad|>`` / ``<|video_pad|>`` per media item (`ninfer.frontend.prepare`); each
+  holds one ``<|image_pad|>`` / ``<|video_pad|>`` per media item (`ninfer.frontend.encode`); each
   becomes ``t*h*w / merge²`` image pads, or, for a video, per temporal patch
   ``<{ts:.1f} seconds><|vision_start|>`` + pads + ``<|vision_end|>`` (`Qwen3VLProcessor`).
   `ExpandedPrompt.spans` are the consumer spans: where each item's / frame's merged vision rows

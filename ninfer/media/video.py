@@ -130,7 +130,7 @@ def decode_video(
     return np.stack(frames), indices.tolist(), fps
 
 
-def prepare_video(
+def pack_video(
     frames: np.ndarray, indices: list[int], fps: float, cfg: VideoProcessing, digest: str = ""
 ) -> PreparedMedia:
     """RGB frames [F, H, W, 3] uint8 -> BF16 patches [t*h*w, 3*temporal*patch²] and grid (t, h, w)."""
@@ -159,8 +159,8 @@ def prepare_video(
 def load_video(
     data: bytes, cfg: VideoProcessing, max_pixels: int, digest: str = "", hold: Hold = no_hold
 ) -> PreparedMedia:
-    """Decode, sample and prepare one video (the whole per-item build run on the worker pool),
+    """Decode, sample and pack one video (the whole per-item build run on the worker pool),
     holding the transient bytes (`hold`) from the metadata read until the payload exists."""
     with ExitStack() as held:
         frames, indices, fps = decode_video(data, cfg, max_pixels, lambda n: held.enter_context(hold(n)))
-        return prepare_video(frames, indices, fps, cfg, digest)
+        return pack_video(frames, indices, fps, cfg, digest)

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.api.events import Finished
-from ninfer.engine.api import RequestStats
 from ninfer.engine.speculative.counters import count
+from ninfer.engine.types import RequestStats
 
 
 @dataclass

@@ -14,7 +14,7 @@ from ninfer.api.events import Finished, GenerationJob, ReasoningDelta, TextDelta
 from ninfer.api.pipeline import Pipeline
 from ninfer.api.ports import Prepared
 from ninfer.config import Settings
-from ninfer.engine.api import GenerationRequest, RequestStats
+from ninfer.engine.types import GenerationRequest, RequestStats
 from ninfer.oneshot.progress import Progress
 from ninfer.oneshot.report import Outcome, lines
 
@@ -139,7 +139,7 @@ def _stream(gen: Any, out: TextIO, err: TextIO) -> Finished:
 
 def run(settings: Settings, body: dict[str, Any], prog: str, out: TextIO, err: TextIO) -> int:
     """Answer `body` (a Chat Completions body, less its model) with the settings' artifact."""
-    from ninfer.engine.api import EngineConfigError
+    from ninfer.engine.types import EngineConfigError
 
     engine = None
     try:
@@ -161,7 +161,7 @@ def run(settings: Settings, body: dict[str, Any], prog: str, out: TextIO, err: T
                 return EXIT_USAGE
             progress.phase("warming up")
             engine.start()
-            if not engine.wait_prepared():
+            if not engine.wait_ready():
                 progress.done("failed")
                 err.write(f"{prog}: error: the engine failed while warming up: {engine.error}\n")
                 return EXIT_FAILED

@@ -46,7 +46,7 @@ class EngineView(EnginePort, Protocol):
         """Start the engine thread; returns the engine."""
         ...
 
-    def wait_prepared(self, timeout: float | None = None) -> bool:
+    def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until warm-up and CUDA graph capture are done (False: failed or timed out)."""
         ...
 

@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ninfer.engine.api import RequestStats, ReusePath
 from ninfer.engine.speculative import counters as spec_counters
+from ninfer.engine.types import RequestStats, ReusePath
 from ninfer.service.engine_view import EngineView
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

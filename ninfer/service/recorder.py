@@ -11,7 +11,7 @@ from typing import Any
 from ninfer.api.errors import ApiError
 from ninfer.api.events import GenerationJob
 from ninfer.api.ports import Prepared
-from ninfer.engine.api import GenerationRequest, RequestStats
+from ninfer.engine.types import GenerationRequest, RequestStats
 from ninfer.service.console import logger
 from ninfer.service.metrics import ServiceMetrics
 from ninfer.service.request_log import RequestLog

@@ -161,7 +161,7 @@ class ServiceRuntime:
         prompts.warm()  # the template compiled before ready, not in the first request
         engine = self.engine = self.engine_factory(self.settings, artifact)  # loads the weights
         engine.start()
-        engine.wait_prepared()  # readiness includes warm-up and CUDA graph capture
+        engine.wait_ready()  # readiness includes warm-up and CUDA graph capture
         graphs = engine.graph_stats()
         # CPU or a failed capture: no graphs, no seconds claimed
         capture_s = graphs.capture_s if graphs is not None and graphs.batch_sizes else None
@@ -170,7 +170,7 @@ class ServiceRuntime:
         self.ctx.model_id = self.settings.server.model_id or artifact.model_id
         self._server_start(engine, path, artifact, compile_report)
         self.ctx.pipeline = pipeline
-        media_bytes = media.preparer.cache if media is not None else None  # live / retained media bytes
+        media_bytes = media.preprocessor.cache if media is not None else None  # live / retained media bytes
         self.reporter = ThroughputReporter(
             engine,
             self.log,

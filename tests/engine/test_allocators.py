@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer.engine.api import EngineConfigError, EngineOverloaded
 from ninfer.engine.pages import PAGE, PageAllocator, pages_for
 from ninfer.engine.sizing import page_bytes, resolve_kv, slot_bytes
 from ninfer.engine.slots import SlotLayout
 from ninfer.engine.tickets import TicketBook
+from ninfer.engine.types import EngineConfigError, EngineOverloaded
 from tests.engine.tiny import make_engine, tiny_config
 
 

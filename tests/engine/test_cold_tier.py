@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import torch
 
-from ninfer.engine.api import GenerationRequest, RequestStats, SamplingParams
 from ninfer.engine.cold_tier_devices import CpuArenaStore
 from ninfer.engine.cold_tier_host import HostArena
 from ninfer.engine.cold_tier_store import Arena, ColdTierStore, RestoreError
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.sizing import page_bytes, slot_bytes
+from ninfer.engine.types import GenerationRequest, RequestStats, SamplingParams
 from tests.speculative.helpers import mtp_model
 
 MIB = 1 << 20

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from ninfer.engine import engine as engine_module
-from ninfer.engine.api import SamplingParams
 from ninfer.engine.graphs import EagerCapture
 from ninfer.engine.plan import DecodeRow, SlotOp
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
 from ninfer.engine.speculative.mtp import MTPDrafter, rope_positions
+from ninfer.engine.types import SamplingParams
 from tests.speculative.helpers import PROMPTS, draft_head, engine, mtp_model, request, run_batch
 
 CPU = torch.device("cpu")
@@ -42,14 +42,14 @@ def _sampler(temperature: float = 0.0) -> RowSampler:
     return RowSampler(resolve_sampling(params, None, SamplingOverrides()))
 
 
-def _drafter(model, head, k: int, graphs: bool) -> MTPDrafter:
+def _drafter(model, head, k: int, cuda_graph: bool) -> MTPDrafter:
     d = MTPDrafter(
         model, 1 + LANES * PAGES_PER_LANE, LANES, PAGES_PER_LANE + 1, torch.float32, CPU, head,
         vocab_limit=500, draft_tokens=k, max_batch=LANES,
     )  # fmt: skip
-    if graphs:
+    if cuda_graph:
         backend = EagerCapture()
-        stats = d.prepare(backend)
+        stats = d.capture_graphs(backend)
         assert (
             stats is not None
             and stats.error is None
@@ -175,9 +175,9 @@ def test_slot_copies_mirror_pending_rows(model) -> None:
 
 def test_no_graphs_without_a_backend_or_k(model) -> None:
     d = MTPDrafter(model, 4, 2, 2, torch.float32, CPU, draft_tokens=None)
-    assert d.prepare(EagerCapture()) is None and d.graphs is None
+    assert d.capture_graphs(EagerCapture()) is None and d.graphs is None
     d = MTPDrafter(model, 4, 2, 2, torch.float32, CPU, draft_tokens=2)
-    assert d.prepare(None) is None and d.graphs is None
+    assert d.capture_graphs(None) is None and d.graphs is None
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +195,7 @@ def test_engine_with_draft_graphs_equals_spec_off(model, head, baseline, monkeyp
     eng: Any = engine(model, head if reduced else None, spec_method="mtp", lm_head_draft=reduced,
                       draft_tokens=k)  # fmt: skip
     try:
-        assert eng.wait_prepared(120)  # the runner's graph manager captured the proposal graphs
+        assert eng.wait_ready(120)  # the runner's graph manager captured the proposal graphs
         drafter = eng.spec.drafter
         assert drafter.graphs is not None and drafter.graph_stats.batch_sizes == tuple(range(1, 9))
         replays = []
@@ -223,7 +223,7 @@ def test_one_manager_captures_every_graph_into_one_pool(model, monkeypatch) -> N
     k = 2
     eng: Any = engine(model, spec_method="mtp", draft_tokens=k)
     try:
-        assert eng.wait_prepared(120)
+        assert eng.wait_ready(120)
         stats = eng.graph_stats()
         drafter = eng.spec.drafter
     finally:

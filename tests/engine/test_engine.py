@@ -7,7 +7,10 @@ import time
 
 import pytest
 
-from ninfer.engine.api import (
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.engine import Engine
+from ninfer.engine.stops import Detokenizer
+from ninfer.engine.types import (
     ContextLengthExceeded,
     EngineError,
     EngineOverloaded,
@@ -16,9 +19,6 @@ from ninfer.engine.api import (
     QueueTimeout,
     SamplingParams,
 )
-from ninfer.engine.config import EngineConfig
-from ninfer.engine.engine import Engine
-from ninfer.engine.stops import Detokenizer
 from tests.engine.tiny import make_engine
 
 PROMPT_LENS = (5, 130, 17, 64, 3, 90, 41, 200)
@@ -233,15 +233,15 @@ def test_submit_racing_the_drain_exit_is_refused(small_model) -> None:
 
 
 def test_engine_thread_failure_fails_every_request_and_refuses_new_ones(small_model) -> None:
-    # A runner failure outside a step (here its preparation) ends the engine thread: every
+    # A runner failure outside a step (here its graph capture) ends the engine thread: every
     # queued request ends with EngineError instead of waiting forever, and so does new work.
     config = EngineConfig(max_concurrency=1, max_pending=2, max_context=256, prefill_chunk=64)
     eng = Engine(small_model, config)
 
-    def broken_prepare() -> None:
+    def broken_capture() -> None:
         raise RuntimeError("capture failed")
 
-    eng.runner.prepare = broken_prepare
+    eng.runner.capture_graphs = broken_capture
     handles = [eng.submit(eng.reserve(), _req(f"q{i}", _prompt(8, 20 + i), max_tokens=4)) for i in range(2)]
     eng.start()
     for h in handles:

@@ -10,7 +10,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.graphs import EagerCapture, InstallCut, StepGraphs
@@ -18,6 +17,7 @@ from ninfer.engine.plan import DecodePlan, DecodeRow, PrefillPlan
 from ninfer.engine.runner import MOE_GRAPH_SEGMENTS, Runner
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
 from ninfer.engine.step_io import pack, packed_len, unpack
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from ninfer.model.cache import PAGE_SIZE, KVPool, StatePool, make_batch
 
 CPU = torch.device("cpu")
@@ -123,32 +123,32 @@ def _greedy() -> RowSampler:
 
 
 def test_runner_graph_switches_and_fallback(small_model) -> None:
-    assert _runner(small_model).prepare() is None  # CPU: nothing is captured by default
+    assert _runner(small_model).capture_graphs() is None  # CPU: nothing is captured by default
     backend = EagerCapture()
-    off = _runner(small_model, cuda_graphs=False, capture=backend)
-    assert off.prepare() is None and off.graphs is None and backend.captured == []
+    off = _runner(small_model, cuda_graph=False, capture=backend)
+    assert off.capture_graphs() is None and off.graphs is None and backend.captured == []
     failing = _runner(small_model, capture=_FailingCapture())
-    stats = failing.prepare()
+    stats = failing.capture_graphs()
     assert failing.graphs is None and stats is not None and "stream is capturing" in (stats.error or "")
     backend = EagerCapture()
     on = _runner(small_model, capture=backend, graph_segments=MOE_GRAPH_SEGMENTS)
-    assert on.prepare().batch_sizes == (1, 2, 3) and on.graphs is not None
+    assert on.capture_graphs().batch_sizes == (1, 2, 3) and on.graphs is not None
     # each captured step is cut into layer groups (graph_segments of them, fewer for a shallow model)
     layers = len(small_model.layers)
     every = -(-layers // MOE_GRAPH_SEGMENTS)
     assert backend.segments == [-(-layers // every)] * 3 and small_model.layer_hook is None
     single = EagerCapture()
-    assert _runner(small_model, capture=single).prepare() is not None and single.segments == [1] * 3
-    assert on.prepare() is on.graph_stats  # idempotent
+    assert _runner(small_model, capture=single).capture_graphs() is not None and single.segments == [1] * 3
+    assert on.capture_graphs() is on.graph_stats  # idempotent
     for r in (failing, on):  # a prefill then a decode step run on both (eager fallback / replay)
         r.execute(PrefillPlan(seq_id=1, tokens=[3, 4, 5], start=0, slot=0, pages=[1], sampler=_greedy()))
         r.execute(DecodePlan([DecodeRow(1, 7, 3, 0, [1], _greedy())]))
     late = _runner(small_model, capture=EagerCapture())
-    late._prepared = False
+    late._capture_ran = False
     late.execute(PrefillPlan(seq_id=1, tokens=[3], start=0, slot=0, pages=[1]))
     with pytest.raises(RuntimeError, match="before the first step"):
-        late._prepared = False
-        late.prepare()
+        late._capture_ran = False
+        late.capture_graphs()
 
 
 def _submit(engine: Engine, prompts: list[tuple[int, ...]], first: int = 0, **params) -> list:
@@ -209,7 +209,7 @@ def test_on_launch_runs_once_after_a_graph_launch_and_before_eager_work(small_mo
     forward, whose kernel launches are themselves host work; exactly once per step."""
     events: list[str] = []
     graphed = _runner(small_model, capture=EagerCapture())
-    graphed.prepare()
+    graphed.capture_graphs()
     assert graphed.graphs is not None
     inner = graphed.graphs.run
     graphed.graphs.run = lambda host, b, q=1, feed=None: (events.append("replay"), inner(host, b, q, feed))[1]  # type: ignore[method-assign]
@@ -221,7 +221,7 @@ def test_on_launch_runs_once_after_a_graph_launch_and_before_eager_work(small_mo
         DecodePlan([DecodeRow(1, 7, 3, 0, [1], _greedy())]), on_launch=lambda: events.append("launch")
     )
     assert events == ["replay", "launch"]
-    eager = _runner(small_model, cuda_graphs=False)
+    eager = _runner(small_model, cuda_graph=False)
     events.clear()
     eager.execute(prefill, on_launch=lambda: events.append("launch"))
     eager.execute(

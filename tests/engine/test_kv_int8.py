@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.sizing import page_bytes
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from tests.engine.tiny import make_engine, tiny_config
 
 

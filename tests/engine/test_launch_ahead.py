@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.engine import Engine
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from tests.engine.tiny import make_engine as _make
 
 

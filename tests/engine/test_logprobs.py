@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer.engine.api import GenerationRequest, SamplingParams, TokenLogprob
+from ninfer.engine.types import GenerationRequest, SamplingParams, TokenLogprob
 from ninfer.offline import LLM
 from tests.engine.tiny import make_engine
 

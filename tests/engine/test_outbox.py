@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer.engine.api import EngineError, RequestStats, StepOutput
 from ninfer.engine.handle import Outbox, RequestHandle
 from ninfer.engine.tickets import TicketBook
+from ninfer.engine.types import EngineError, RequestStats, StepOutput
 
 
 def _handle(book: TicketBook, name: str) -> RequestHandle:

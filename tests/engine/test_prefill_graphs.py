@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from ninfer.engine.api import SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.graphs import EagerCapture
 from ninfer.engine.plan import PrefillPlan
 from ninfer.engine.runner import Runner, prefill_graph_shapes, small_prefill_buckets
+from ninfer.engine.types import SamplingParams
 from ninfer.model.config import TextConfig
 from tests.engine.test_graphs import CPU, _collect, _generate, _submit
 
@@ -102,7 +102,7 @@ def test_a_chunk_whose_padding_has_no_pages_runs_eagerly(small_model) -> None:
     assert runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 33, start=0, slot=0, pages=[0, 1])) is None
     # warm-up asks for the eager forward where a bucket fits (it compiles that path before ready)
     assert (
-        runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, start=0, slot=0, pages=[0], graph=False))
+        runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, start=0, slot=0, pages=[0], cuda_graph=False))
         is None
     )
     assert used == []

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer.engine.api import GenerationRequest, SamplingParams, StepOutput, TokenLogprob
 from ninfer.engine.prompt_logprobs import score_positions
+from ninfer.engine.types import GenerationRequest, SamplingParams, StepOutput, TokenLogprob
 from ninfer.offline import LLM
 from tests.engine.tiny import make_engine
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from ninfer.offline import LLM
 from tests.engine.tiny import make_engine
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import re
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from ninfer.frontend.capabilities import resolve_capabilities
 from ninfer.frontend.conversation import Conversation, Message, TextPart, Tool, ToolCall, text_message
 from ninfer.frontend.lower import render_chat
@@ -48,7 +48,7 @@ class Chat:
         self.options = PromptOptions(thinking=self.thinking, effort=None, preserve_thinking=self.preserve)
 
     def prompt(self, tokenizer) -> tuple[list[int], int | None, int | None]:
-        """Token ids and the checkpoints the frontend places (see ninfer.frontend.prepare)."""
+        """Token ids and the checkpoints the frontend places (see ninfer.frontend.encode)."""
         rendered = render_chat(self.conv, TEMPLATE, resolve_capabilities(TEMPLATE), self.options)
         ids = _encode_spliced(tokenizer, rendered.text, self.gens)
         if self.preserve:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from tests.engine.tiny import make_engine
 
 

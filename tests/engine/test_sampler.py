@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer.engine.api import SamplingParams
 from ninfer.engine.sampler import (
     MIN_TEMPERATURE,
     RowSampler,
@@ -14,6 +13,7 @@ from ninfer.engine.sampler import (
     resolve_sampling,
     sample_rows,
 )
+from ninfer.engine.types import SamplingParams
 
 PRESET = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "presence_penalty": 0.0}
 

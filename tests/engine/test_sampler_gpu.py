@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from ninfer.engine.api import SamplingParams
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, batch_probs, resolve_sampling, sample_rows
+from ninfer.engine.types import SamplingParams
 
 V = 3000
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import torch
 
-from ninfer.engine.api import GenerationRequest
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.graphs import EagerCapture, StepGraphs
 from ninfer.engine.runner import Runner
+from ninfer.engine.types import GenerationRequest
 from tests.speculative.helpers import PROMPTS, mtp_model, prompt, request, run_batch
 
 K = 3
@@ -121,7 +121,7 @@ def _graphed(model: Any, config: EngineConfig) -> tuple[Engine, EagerCapture, li
         replays.append((b, q))
         return inner_run(self, packed, b, q, feed)
 
-    eng.runner.prepare()
+    eng.runner.capture_graphs()
     graphs = eng.runner.graphs
     assert graphs is not None
     graphs.run = run.__get__(graphs)  # type: ignore[method-assign]

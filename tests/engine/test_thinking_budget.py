@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.thinking_budget import ThinkClose, ThinkingBudget
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from tests.speculative.helpers import PROMPTS, engine, mtp_model, run_batch
 
 CLOSE = {"think_close": (10, 11, 12), "think_end_id": 11}

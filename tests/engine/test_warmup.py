@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.plan import PrefillPlan
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from ninfer.engine.warmup import SMALL_LIMIT, warm_prefill, warm_sampling, warmup_chunks, warmup_samplers
 from tests.engine.tiny import make_engine
 
@@ -53,7 +53,7 @@ def test_warmed_engine_computes_what_a_cold_one_does(small_model: Any) -> None:
         cold.shutdown()
     warm = make_engine(small_model, kv_capacity=2048, prefill_warmup=True)
     try:
-        assert warm.wait_prepared(120)
+        assert warm.wait_ready(120)
         assert warm.warmup is not None and warm.warmup.chunks == len(warmup_chunks(64, 256))
         assert warm.warmup.thin and len(warm.model.layers) == len(small_model.config.layer_types)
         assert _run(warm) == want
@@ -68,7 +68,7 @@ def test_warm_up_chunks_run_the_eager_forward() -> None:
     warm-up compiles the eager path of every length (the bucket graphs were captured before)."""
     plans: list[PrefillPlan] = []
     warm_prefill(plans.append, warmup_chunks(64, 256), vocab=500)
-    assert plans and all(not p.graph for p in plans)
+    assert plans and all(not p.cuda_graph for p in plans)
 
 
 def test_sampling_warm_up_takes_every_sampling_path() -> None:

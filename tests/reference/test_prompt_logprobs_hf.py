@@ -16,7 +16,7 @@ from hf_fixtures import make_hf_checkpoint
 
 from ninfer import LLM
 from ninfer.artifact.convert import convert
-from ninfer.engine.api import GenerationRequest, SamplingParams
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from tests.engine.tiny import make_engine
 
 TOP = 4

@@ -14,7 +14,13 @@ import time
 from typing import Any
 
 from ninfer.bootstrap import engine_config
-from ninfer.engine.api import (
+from ninfer.engine.counters import Counters
+from ninfer.engine.grammar import GrammarUnavailable
+from ninfer.engine.handle import RequestHandle
+from ninfer.engine.scheduler import Snapshot
+from ninfer.engine.stops import StopChecker
+from ninfer.engine.tickets import Ticket, TicketBook
+from ninfer.engine.types import (
     ConstraintSpec,
     ContextLengthExceeded,
     GenerationRequest,
@@ -22,12 +28,6 @@ from ninfer.engine.api import (
     RequestStats,
     StepOutput,
 )
-from ninfer.engine.counters import Counters
-from ninfer.engine.grammar import GrammarUnavailable
-from ninfer.engine.handle import RequestHandle
-from ninfer.engine.scheduler import Snapshot
-from ninfer.engine.stops import StopChecker
-from ninfer.engine.tickets import Ticket, TicketBook
 from ninfer.text.detok import IncrementalDetokenizer
 from ninfer.text.tokenizer import Tokenizer
 
@@ -145,7 +145,7 @@ class FakeEngine:
             resident_pages=0,
         )
 
-    def wait_prepared(self, timeout: float | None = None) -> bool:
+    def wait_ready(self, timeout: float | None = None) -> bool:
         return True
 
     def check_constraint(self, spec: ConstraintSpec) -> None:

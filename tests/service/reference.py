@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from ninfer.artifact import open_artifact
-from ninfer.engine.api import SamplingParams
+from ninfer.engine.types import SamplingParams
 from ninfer.frontend.parser import ParseResult, parse_text
 from ninfer.offline import LLM
 

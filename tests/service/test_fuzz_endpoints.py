@@ -9,7 +9,7 @@ the answer is never a 5xx; a 4xx is JSON in the route's error envelope; a 2xx is
 error is logged.
 
 The app runs in-process over the scripted engine behind the real engine's submission checks
-(`intake.prepare`) and one real sampling step, so a request the protocol layer accepts but the
+(`intake.validate_request`) and one real sampling step, so a request the protocol layer accepts but the
 engine would refuse is caught too, while generation stays cheap (a short scripted reply).
 """
 
@@ -38,10 +38,10 @@ from ninfer.api.pipeline import Pipeline
 from ninfer.api.prompting import FrontendPrompts
 from ninfer.artifact import ensure_demo_artifact, open_artifact
 from ninfer.config import load_settings
-from ninfer.engine.api import GenerationRequest
-from ninfer.engine.intake import prepare
+from ninfer.engine.intake import validate_request
 from ninfer.engine.sampler import RowSampler, sample_rows
 from ninfer.engine.tickets import Ticket
+from ninfer.engine.types import GenerationRequest
 from ninfer.frontend.options import ServerDefaults
 from ninfer.service.app import create_app
 from ninfer.service.console import LOGGER_NAME
@@ -272,7 +272,7 @@ class CheckedEngine(FakeEngine):
         self.logits = 30 * torch.randn(1, self.vocab_size, generator=torch.Generator().manual_seed(0))
 
     def submit(self, ticket: Ticket, request: GenerationRequest) -> Any:
-        intake = prepare(
+        intake = validate_request(
             request,
             ticket,
             time.monotonic(),

@@ -8,7 +8,7 @@ from typing import get_args
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ninfer.engine.api import RequestStats, ReusePath
+from ninfer.engine.types import RequestStats, ReusePath
 from ninfer.service.metrics import COUNTERS, FINISH_REASONS, HISTOGRAMS, ServiceMetrics
 
 

@@ -7,9 +7,9 @@ from falcon import testing
 
 from ninfer.api.pipeline import Pipeline
 from ninfer.config.loader import load_settings
-from ninfer.engine.api import EngineError, GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
+from ninfer.engine.types import EngineError, GenerationRequest, SamplingParams
 from ninfer.service.app import create_app
 from ninfer.service.runtime import ServiceRuntime
 from ninfer.service.telemetry import Tracing
@@ -37,10 +37,10 @@ def test_health_reports_an_engine_thread_failure_and_requests_fail_at_once() -> 
     config = EngineConfig(max_concurrency=1, max_pending=1, max_context=256, prefill_chunk=64)
     engine = Engine(tiny_model(512), config)
 
-    def broken_prepare() -> None:  # a runner failure outside a step kills the engine thread
+    def broken_capture() -> None:  # a runner failure outside a step kills the engine thread
         raise RuntimeError("capture failed")
 
-    engine.runner.prepare = broken_prepare
+    engine.runner.capture_graphs = broken_capture
     runtime.engine, runtime.ready = engine, True
     runtime.ctx.model_id = "m"
 

@@ -34,8 +34,8 @@ from tokenizers import Tokenizer
 
 from ninfer.api.tool_control import ToolControl, answer_constraint
 from ninfer.artifact import ensure_demo_artifact
-from ninfer.engine.api import ConstraintSpec
 from ninfer.engine.grammar import GrammarConstraint, Grammars
+from ninfer.engine.types import ConstraintSpec
 from ninfer.frontend.conversation import Tool
 from ninfer.frontend.toolcall import parse_block, typed_arguments
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from ninfer.artifact.shapes import mtp_shapes, text_shapes
-from ninfer.engine.api import GenerationRequest, RequestStats, SamplingParams, TokenLogprob
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.speculative.draft_head import DraftHead
+from ninfer.engine.types import GenerationRequest, RequestStats, SamplingParams, TokenLogprob
 from ninfer.model.weights import load_model
 from tests.engine.tiny import _tensor, tiny_config
 

@@ -20,7 +20,7 @@ from ninfer.artifact.convert import convert
 from ninfer.bootstrap import load_spec_weights
 from ninfer.config import ConfigError
 from ninfer.config.loader import load_settings
-from ninfer.engine.api import EngineConfigError
+from ninfer.engine.types import EngineConfigError
 from ninfer.model.weights import load_model
 from tests.engine.tiny import tiny_model
 from tests.speculative.helpers import engine, prompt, request, run_batch

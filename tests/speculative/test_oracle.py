@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from ninfer.engine.api import SamplingParams
 from ninfer.engine.plan import DecodeRow
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
 from ninfer.engine.speculative.oracle import OracleDrafter
 from ninfer.engine.speculative.rejection import match_greedy
 from ninfer.engine.step_io import StepOut, StepRows
+from ninfer.engine.types import SamplingParams
 
 VOCAB = 50
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from ninfer.engine.api import SamplingParams
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
 from ninfer.engine.speculative.rejection import distribution, propose, verify
+from ninfer.engine.types import SamplingParams
 
 V = 5
 Logits = Callable[[list[int]], torch.Tensor]

@@ -14,7 +14,7 @@ from ninfer.artifact import open_artifact
 from ninfer.artifact.convert import convert
 from ninfer.artifact.lm_head_draft import add_lm_head_draft
 from ninfer.bootstrap import load_spec_weights, spec_fields
-from ninfer.engine.api import EngineConfigError
+from ninfer.engine.types import EngineConfigError
 from ninfer.model.weights import load_model
 from tests.speculative.helpers import engine, prompt, request, run_batch
 

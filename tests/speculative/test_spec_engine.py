@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer.engine.api import EngineConfigError
+from ninfer.engine.types import EngineConfigError
 from tests.speculative.helpers import (
     PROMPTS,
     check_counters,

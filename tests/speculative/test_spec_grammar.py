@@ -21,12 +21,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from ninfer.api.tool_control import ToolControl, answer_constraint
 from ninfer.engine import engine as engine_module
-from ninfer.engine.api import ConstraintSpec, GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.grammar import Grammars
 from ninfer.engine.graphs import EagerCapture
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling, run_masked
+from ninfer.engine.types import ConstraintSpec, GenerationRequest, SamplingParams
 from ninfer.frontend.conversation import Tool
 from ninfer.frontend.parser import parse_text
 from tests.speculative.helpers import VOCAB, assert_same_logprobs, mtp_model, prompt, run_batch, run_logprobs
@@ -188,7 +188,7 @@ def test_mtp_draft_graphs_propose_admissible_drafts(model, grammars, baseline, m
     refused: list[list[int]] = []
 
     def collect(eng: Any, reqs: list[GenerationRequest]) -> list[Any]:
-        assert eng.wait_prepared(120)  # the step graph manager captured the proposal graphs
+        assert eng.wait_ready(120)  # the step graph manager captured the proposal graphs
         drafter = eng.spec.drafter
         assert drafter.graphs is not None
         run, propose = drafter.graphs.run, drafter.propose
@@ -312,12 +312,12 @@ def test_grammar_tables_are_built_before_ready_where_the_engine_warms_up(model, 
     lazy = Grammars(tokenizer[1], VOCAB, STOPS)
     cold = _engine(model, lazy, prefill_warmup=False)
     try:
-        assert cold.wait_prepared(60) and lazy._compiler is None
+        assert cold.wait_ready(60) and lazy._compiler is None
     finally:
         cold.shutdown()
     warmed = Grammars(tokenizer[1], VOCAB, STOPS)
     engine = _engine(model, warmed, prefill_warmup=True, max_context=128, kv_capacity=1024)
     try:
-        assert engine.wait_prepared(120) and warmed._compiler is not None
+        assert engine.wait_ready(120) and warmed._compiler is not None
     finally:
         engine.shutdown()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ninfer.engine.api import RequestStats, TokenLogprob
+from ninfer.engine.types import RequestStats, TokenLogprob
 from ninfer.offline import LLM
 from tests.engine.test_logprobs import check_against_reference
 from tests.speculative.helpers import (

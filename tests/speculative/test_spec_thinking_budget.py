@@ -11,7 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from tests.speculative import test_spec_grammar as sg
 from tests.speculative.helpers import run_batch
 from tests.speculative.test_spec_grammar import JSON_SPEC, PROMPTS, SCHEMA, THINK_END, _engine

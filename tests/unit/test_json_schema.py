@@ -14,8 +14,8 @@ import pytest
 import xgrammar as xgr
 
 from ninfer.api.tool_control import ToolControl, answer_constraint
-from ninfer.engine.api import ConstraintSpec
 from ninfer.engine.grammar import GrammarError, Grammars
+from ninfer.engine.types import ConstraintSpec
 from ninfer.frontend.conversation import Tool
 from ninfer.frontend.toolcall import parse_block, typed_arguments
 

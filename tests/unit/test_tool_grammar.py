@@ -13,7 +13,7 @@ import xgrammar as xgr
 
 from ninfer.api.errors import ApiError
 from ninfer.api.tool_control import Allowed, ToolControl, answer_constraint
-from ninfer.engine.api import ConstraintSpec
+from ninfer.engine.types import ConstraintSpec
 from ninfer.frontend import tool_grammar
 from ninfer.frontend.conversation import InputGrammar, Tool, custom_tool
 from ninfer.frontend.parser import parse_text

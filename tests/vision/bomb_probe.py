@@ -1,4 +1,4 @@
-"""Run as a script: prepare one generated PNG bomb through a fresh MediaCache and report, as JSON,
+"""Run as a script: preprocess one generated PNG bomb through a fresh MediaCache and report, as JSON,
 the outcome and how far the process's peak and resident memory rose (from /proc/self/status)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import zlib
 from ninfer.media.cache import MediaCache
 from ninfer.media.config import ImageProcessing
 from ninfer.media.errors import MediaError
-from ninfer.media.prepare import MediaItem, MediaPreparer, RequestLimits
+from ninfer.media.preprocess import MediaItem, MediaPreprocessor, RequestLimits
 
 
 def png_bomb(side: int, bit_depth: int = 1) -> bytes:
@@ -42,12 +42,12 @@ def main(side: int, bit_depth: int, live_mib: int) -> None:
     data = png_bomb(side, bit_depth)
     uri = "data:image/png;base64," + base64.b64encode(data).decode()
     cfg = ImageProcessing(min_pixels=64, max_pixels=16384)
-    prep = MediaPreparer(MediaCache(0, live_mib << 20, threads=1), image=cfg)
+    prep = MediaPreprocessor(MediaCache(0, live_mib << 20, threads=1), image=cfg)
     hwm0, rss0 = status_kib("VmHWM"), status_kib("VmRSS")
     t0 = time.perf_counter()
     out: dict = {"source_bytes": len(data)}
     try:
-        done = prep.prepare([MediaItem("image", uri)], RequestLimits(), time.monotonic() + 60)
+        done = prep.preprocess([MediaItem("image", uri)], RequestLimits(), time.monotonic() + 60)
         out["grid_thw"] = list(done.media[0].grid_thw)
         done.release()
     except MediaError as exc:

@@ -140,7 +140,7 @@ def test_prefix_reuse_with_media(vl) -> None:
 
 
 def test_cancelled_request_releases_its_media(vl) -> None:
-    from ninfer.engine.api import GenerationRequest, SamplingParams
+    from ninfer.engine.types import GenerationRequest, SamplingParams
 
     p = _prompt(2)
     engine = make_engine(vl, chunk=4)

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from ninfer.media.config import ImageProcessing
-from ninfer.media.image import decode_image, load_image, prepare_image, probe_image
+from ninfer.media.image import decode_image, load_image, pack_image, probe_image
 from tests.vision.media_samples import encode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def test_large_jpeg_is_decoded_reduced_to_the_same_patches() -> None:
     assert plan.scale == 8 and plan.decoded_pixels == 525 * 525
     assert plan.transient_bytes < 8 << 20
     reduced = load_image(data, cfg, 1 << 30)
-    full = prepare_image(decode_image(data, 1 << 30), cfg)
+    full = pack_image(decode_image(data, 1 << 30), cfg)
     assert reduced.grid_thw == full.grid_thw == (1, 16, 16)
     assert reduced.decoded_pixels == 525 * 525
     diff = (reduced.patches.float() - full.patches.float()).abs()  # values in [-1, 1]
@@ -78,5 +78,5 @@ def test_ordinary_jpeg_is_not_reduced() -> None:
     data = _smooth_jpeg(2000)  # 4 Mpx: 16 MB decoded, below the reduction threshold
     assert probe_image(data, cfg, 1 << 30).scale == 1
     assert torch.equal(
-        load_image(data, cfg, 1 << 30).patches, prepare_image(decode_image(data, 1 << 30), cfg).patches
+        load_image(data, cfg, 1 << 30).patches, pack_image(decode_image(data, 1 << 30), cfg).patches
     )

@@ -13,7 +13,7 @@ from PIL import Image
 from ninfer.media.cache import MediaCache, MediaCounters, PreparationTimeout, worker_count
 from ninfer.media.config import IMAGE, PreparedMedia
 from ninfer.media.errors import MediaError
-from ninfer.media.prepare import MediaItem, MediaPreparer, RequestLimits
+from ninfer.media.preprocess import MediaItem, MediaPreprocessor, RequestLimits
 from tests.vision.media_samples import encode, smooth_rgb
 
 KB = 1024
@@ -169,18 +169,18 @@ def _uri(w: int, h: int, seed: int = 0) -> str:
     )
 
 
-def test_preparer_budgets_and_reuse() -> None:
+def test_preprocessor_budgets_and_reuse() -> None:
     cache = MediaCache(64 << 20, 128 << 20, threads=2)
-    prep = MediaPreparer(cache)
+    prep = MediaPreprocessor(cache)
     items = [
         MediaItem(IMAGE, _uri(256, 256)),
         MediaItem(IMAGE, _uri(256, 256)),
         MediaItem(IMAGE, _uri(64, 300, 1)),
     ]
-    done = prep.prepare(items, RequestLimits(), time.monotonic() + 30)
+    done = prep.preprocess(items, RequestLimits(), time.monotonic() + 30)
     assert [m.grid_thw for m in done.media] == [(1, 16, 16), (1, 16, 16), (1, 36, 8)]
     assert done.counters.misses == 2 and done.counters.single_flight_waits + done.counters.hits == 1
-    again = prep.prepare(items[:1], RequestLimits())
+    again = prep.preprocess(items[:1], RequestLimits())
     assert again.counters.hits == 1 and again.media[0] is done.media[0]
     done.release()
     again.release()
@@ -193,14 +193,14 @@ def test_preparer_budgets_and_reuse() -> None:
         (RequestLimits.for_context(128), "limit is 512"),
     ]:
         with pytest.raises(MediaError) as e:
-            prep.prepare(items, limits)
+            prep.preprocess(items, limits)
         assert e.value.code == "media_budget_exceeded" and what in e.value.message
         assert cache.live_bytes == live  # nothing left referenced by the refused request
     assert RequestLimits.for_context(262144).max_raw_patches == 131072
 
 
-def test_preparer_reports_fetch_errors() -> None:
-    prep = MediaPreparer(MediaCache(0, 1 << 20, threads=1))
+def test_preprocessor_reports_fetch_errors() -> None:
+    prep = MediaPreprocessor(MediaCache(0, 1 << 20, threads=1))
     with pytest.raises(MediaError) as e:
-        prep.prepare([MediaItem(IMAGE, "http://127.0.0.1:9/x.png")], RequestLimits())
+        prep.preprocess([MediaItem(IMAGE, "http://127.0.0.1:9/x.png")], RequestLimits())
     assert e.value.code == "media_url_forbidden"

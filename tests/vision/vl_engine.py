@@ -14,12 +14,12 @@ from PIL import Image
 from ninfer.artifact.convert import convert
 from ninfer.artifact.opener import open_artifact
 from ninfer.bootstrap import vision_tower
-from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.multimodal import MultimodalPrompt
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from ninfer.media.config import VIDEO, ImageProcessing, PreparedMedia
-from ninfer.media.image import prepare_image
+from ninfer.media.image import pack_image
 from ninfer.media.mrope_index import MMTokenIds, build_mm_positions, expand_placeholders, token_types
 from ninfer.model.weights import load_model
 from tests.vision.hf_tiny import hf_vl_model
@@ -64,7 +64,7 @@ def _sharpen(hf: Any) -> None:
 def image(width: int, height: int, seed: int) -> PreparedMedia:
     rgb = Image.fromarray(smooth_rgb(width, height, seed))
     digest = hashlib.sha256(np.asarray(rgb).tobytes()).hexdigest()
-    return prepare_image(rgb, SMALL, digest)
+    return pack_image(rgb, SMALL, digest)
 
 
 def video(grid: tuple[int, int, int], seed: int) -> PreparedMedia:

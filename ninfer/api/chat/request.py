@@ -21,8 +21,8 @@ from ninfer.api.tool_control import (
     fallback,
     input_formats,
 )
-from ninfer.engine.api import ConstraintSpec, SamplingParams
 from ninfer.engine.config import MAX_LOGPROBS
+from ninfer.engine.types import ConstraintSpec, SamplingParams
 from ninfer.frontend.conversation import (
     CUSTOM_INPUT,
     Conversation,

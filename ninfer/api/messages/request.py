@@ -13,7 +13,7 @@ from ninfer.api.errors import invalid, unknown_parameter, unsupported
 from ninfer.api.events import GenerationJob
 from ninfer.api.parse_guard import guarded
 from ninfer.api.tool_control import ToolControl, answer_constraint, fallback
-from ninfer.engine.api import ConstraintSpec, SamplingParams
+from ninfer.engine.types import ConstraintSpec, SamplingParams
 from ninfer.frontend.conversation import (
     Conversation,
     ImagePart,

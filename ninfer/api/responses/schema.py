@@ -18,7 +18,7 @@ from ninfer.api.parse_guard import guarded
 from ninfer.api.responses.items import normalize_input, unsupported_value
 from ninfer.api.responses.logprobs import TOP_LOGPROBS_MAX
 from ninfer.api.tool_control import Allowed, ToolControl, allowed_mode
-from ninfer.engine.api import ConstraintSpec
+from ninfer.engine.types import ConstraintSpec
 from ninfer.frontend.conversation import Tool, custom_tool
 
 KNOWN = (

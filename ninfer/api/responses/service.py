@@ -21,7 +21,7 @@ from ninfer.api.responses.schema import CreateRequest, parse_create, parse_input
 from ninfer.api.responses.store import ResponseStore, StoredResponse, make_record
 from ninfer.api.responses.stream import ResponseSequencer, frame
 from ninfer.api.tool_control import answer_constraint, fallback, input_formats
-from ninfer.engine.api import SamplingParams
+from ninfer.engine.types import SamplingParams
 from ninfer.frontend.conversation import Conversation
 from ninfer.frontend.options import RequestOptions
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from ninfer.engine.api import EngineConfigError
 from ninfer.engine.config import DFLASH_MAX_DRAFT, MTP_MAX_DRAFT, EngineConfig
 from ninfer.engine.slots import SlotLayout
 from ninfer.engine.speculative.decoder import Drafter, SpecDecoder
@@ -12,6 +11,7 @@ from ninfer.engine.speculative.dflash import DFlashEngineDrafter
 from ninfer.engine.speculative.draft_head import DraftHead
 from ninfer.engine.speculative.mtp import MTPDrafter
 from ninfer.engine.speculative.oracle import OracleDrafter
+from ninfer.engine.types import EngineConfigError
 from ninfer.model.cache import KVPool, StatePool
 from ninfer.model.config import MOE
 
@@ -75,9 +75,9 @@ def build_spec(
     layout: SlotLayout,
     max_pages: int,
     draft_head: DraftHead | None = None,
-    graphed: bool = False,
+    cuda_graph: bool = False,
 ) -> SpecDecoder | None:
-    """The decoder for `config.spec_method`, or None when speculation is off. `graphed`: the step
+    """The decoder for `config.spec_method`, or None when speculation is off. `cuda_graph`: the step
     graphs are captured (the runner's manager then captures the MTP drafter's proposal graphs
     too, `SpecDecoder.add_graphs`)."""
     check_spec(config, model, draft_head)
@@ -104,7 +104,7 @@ def build_spec(
     else:
         mtp = MTPDrafter(
             model, kv.num_pages, layout.num_slots, max_pages, dtype, device, draft_head, config.vocab_limit,
-            draft_tokens=config.draft_tokens if graphed else None, max_batch=layout.lanes,
+            draft_tokens=config.draft_tokens if cuda_graph else None, max_batch=layout.lanes,
         )  # fmt: skip
         drafter = mtp
     # DFlash reads the target's layer outputs through forward hooks, which graph replays skip

@@ -33,7 +33,6 @@ from typing import Any, Protocol
 
 import torch
 
-from ninfer.engine.api import TokenLogprob
 from ninfer.engine.graphs import StepGraphs
 from ninfer.engine.pages import PAGE
 from ninfer.engine.plan import DecodePlan, DecodeRow, SlotOp, StepResult
@@ -41,6 +40,7 @@ from ninfer.engine.sampler import run_masked, sample_with_logprobs
 from ninfer.engine.speculative.mtp import Proposal, rope_positions
 from ninfer.engine.speculative.rejection import match_greedy, plain_greedy, run_logprobs, verify
 from ninfer.engine.step_io import StepOut, StepRows
+from ninfer.engine.types import TokenLogprob
 from ninfer.model.cache import KVPool, StatePool
 
 Forward = Callable[[StepRows], StepOut]

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ninfer.engine.api import EngineConfigError
+from ninfer.engine.types import EngineConfigError
 from ninfer.formats import QuantWeight
 from ninfer.kernels.ops import Ops
 from ninfer.kernels.quant_ref import qlinear

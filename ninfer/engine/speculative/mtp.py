@@ -134,7 +134,9 @@ class MTPDrafter:
         family.register(sizes)
         self._family = family
 
-    def prepare(self, backend: CaptureBackend | None, sizes: list[int] | None = None) -> FamilyStats | None:
+    def capture_graphs(
+        self, backend: CaptureBackend | None, sizes: list[int] | None = None
+    ) -> FamilyStats | None:
         """Capture the proposal graphs alone, through a manager of this family only (benchmarks,
         tests; the engine's runner adds them to its own manager). Idempotent; a failed capture
         leaves drafting eager and says why in `graph_stats`."""
@@ -145,6 +147,10 @@ class MTPDrafter:
         with torch.inference_mode(), _on(self.device):
             manager.capture()
         return self.graph_stats
+
+    def prepare(self, backend: CaptureBackend | None, sizes: list[int] | None = None) -> FamilyStats | None:
+        """`capture_graphs` under its former name, which ops/bench/spec_rows.py still calls."""
+        return self.capture_graphs(backend, sizes)
 
     # ----- state mirroring -----
     def lane_state(self) -> tuple[list[KVPool], MTPDrafter | None]:

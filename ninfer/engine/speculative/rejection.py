@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.engine.api import TokenLogprob
 from ninfer.engine.sampler import RowSampler, advance_drafts, draft_masked, logprob_rows
+from ninfer.engine.types import TokenLogprob
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Prompt preparation: render, tokenize, and place the engine's checkpoint boundaries.
+"""Prompt encoding: render, tokenize, and place the engine's checkpoint boundaries.
 
 Checkpoints (token counts into `token_ids`, see the serving contract's execution behaviour):
 
@@ -28,13 +28,13 @@ from ninfer.frontend.options import PromptOptions
 
 
 class TextEncoder(Protocol):
-    """What prompt preparation needs of a tokenizer (`ninfer.text.tokenizer.Tokenizer`)."""
+    """What prompt encoding needs of a tokenizer (`ninfer.text.tokenizer.Tokenizer`)."""
 
     def encode(self, text: str) -> list[int]: ...
 
 
 @dataclass(frozen=True)
-class PreparedPrompt:
+class EncodedPrompt:
     """A rendered, tokenized prompt with its checkpoint boundaries and media in prompt order.
 
     `token_ids` hold one ``<|image_pad|>`` / ``<|video_pad|>`` per media item; ninfer.media
@@ -56,14 +56,14 @@ def _count_at(tokenizer: TextEncoder, text: str, ids: list[int], offset: int) ->
     return len(head)
 
 
-def prepare_prompt(
+def encode_prompt(
     conv: Conversation,
     options: PromptOptions,
     template: str,
     tokenizer: TextEncoder,
     caps: TemplateCapabilities | None = None,
     add_generation_prompt: bool = True,
-) -> PreparedPrompt:
+) -> EncodedPrompt:
     """Render `conv` with the artifact's `template` and tokenize it with checkpoint boundaries.
 
     Raises `ninfer.frontend.render.TemplateError` when the template refuses the conversation.
@@ -79,7 +79,7 @@ def prepare_prompt(
         elif rendered.open_turn_opener_end is not None:
             turn = _count_at(tokenizer, rendered.text, ids, rendered.open_turn_opener_end)
     media = [p for m in conv.messages for p in m.parts if isinstance(p, (ImagePart, VideoPart))]
-    return PreparedPrompt(rendered.text, ids, turn, response, media, options)
+    return EncodedPrompt(rendered.text, ids, turn, response, media, options)
 
 
 def count_tokens(
@@ -90,4 +90,4 @@ def count_tokens(
     caps: TemplateCapabilities | None = None,
 ) -> int:
     """Prompt tokens before media expansion, by exactly the path generation uses."""
-    return len(prepare_prompt(conv, options, template, tokenizer, caps).token_ids)
+    return len(encode_prompt(conv, options, template, tokenizer, caps).token_ids)

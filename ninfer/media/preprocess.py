@@ -1,6 +1,6 @@
-"""Request-level media preparation: acquire, hash, build through the cache, and enforce the request budgets.
+"""Request-level media preprocessing: acquire, hash, build through the cache, and enforce the request budgets.
 
-`MediaPreparer.prepare(items, limits, deadline)` runs under the cache's preparation permit:
+`MediaPreprocessor.preprocess(items, limits, deadline)` runs under the cache's preparation permit:
 each item is acquired (`fetch_media`) on the calling thread, keyed by SHA-256 of its bytes plus
 its modality, and built on the worker pool (all misses of the request in parallel). The request
 holds one `MediaRef` per item until `PreparedRequest.release()`; hand the engine `share()`d
@@ -64,7 +64,7 @@ class PreparedRequest:
     counters: MediaCounters = field(default_factory=MediaCounters)
     source_bytes: int = 0
     acquire_seconds: float = 0.0
-    prepare_seconds: float = 0.0
+    preprocess_seconds: float = 0.0
 
     @property
     def media(self) -> list[PreparedMedia]:
@@ -112,7 +112,7 @@ class _Usage:
             )
 
 
-class MediaPreparer:
+class MediaPreprocessor:
     """Acquisition + preparation front of one `MediaCache`."""
 
     def __init__(
@@ -124,7 +124,7 @@ class MediaPreparer:
     ) -> None:
         self.cache, self.fetch_limits, self.image, self.video = cache, fetch_limits, image, video
 
-    def prepare(
+    def preprocess(
         self, items: Sequence[MediaItem], limits: RequestLimits, deadline: float | None = None
     ) -> PreparedRequest:
         """All items prepared and referenced, or MediaError / PreparationTimeout with nothing held."""
@@ -150,7 +150,7 @@ class MediaPreparer:
             out.release()
             raise
         out.source_bytes = usage.source
-        out.prepare_seconds = time.perf_counter() - t0
+        out.preprocess_seconds = time.perf_counter() - t0
         return out
 
     def _start(
