@@ -188,10 +188,6 @@ class Engine:
                 return False
         return True
 
-    def wait_prepared(self, timeout: float | None = None) -> bool:
-        """`wait_ready` under its former name, which the ops/bench scripts still call."""
-        return self.wait_ready(timeout)
-
     def check_constraint(self, spec: ConstraintSpec) -> None:
         """Compile (and cache) a request's grammar on the caller's thread, before admission;
         raises `GrammarError` (`GrammarUnavailable` when this engine cannot constrain output)."""

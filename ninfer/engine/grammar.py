@@ -74,10 +74,6 @@ class Grammars:
         except Exception as exc:
             log.warning("grammar tables not built before ready (%s: %s)", type(exc).__name__, exc)
 
-    def prepare(self) -> None:
-        """`build_tables` under its former name, which ops/bench/grammar_overhead.py still calls."""
-        self.build_tables()
-
     def _ensure(self) -> Any:
         if self._compiler is None:
             t0 = time.perf_counter()

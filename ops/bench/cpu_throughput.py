@@ -13,9 +13,9 @@ import torch
 
 from ninfer.artifact.demo import demo_config
 from ninfer.artifact.shapes import text_shapes
-from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from ninfer.model.weights import load_model
 
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from ninfer.model.qwen35 import Qwen35Model
 from ops.bench.ceilings import median_seconds, sync
 
@@ -32,7 +32,7 @@ def make_engine(
     es: EngineSpec,
     max_context: int,
     lanes: int,
-    graphs: bool = True,
+    cuda_graph: bool = True,
     draft_head: Any = None,
     prefix_reuse: bool = False,
     **extra: Any,
@@ -49,7 +49,7 @@ def make_engine(
         no_prefix_reuse=not prefix_reuse,
         device=es.device,
         dtype=es.dtype,
-        no_cuda_graph=not graphs or not es.device.startswith("cuda"),
+        no_cuda_graph=not cuda_graph or not es.device.startswith("cuda"),
         **extra,
     )
     return Engine(model, cfg, draft_head=draft_head).start()

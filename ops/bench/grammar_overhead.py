@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from ninfer.artifact import open_artifact
 from ninfer.bootstrap import build_engine
 from ninfer.config.loader import load_settings
-from ninfer.engine.api import ConstraintSpec, GenerationRequest, SamplingParams
+from ninfer.engine.types import ConstraintSpec, GenerationRequest, SamplingParams
 from ninfer.service.cli import translate
 from ops.bench.report import artifact_args, provenance, write_json
 
@@ -123,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         load_settings(translate([args.artifact, *flags])), open_artifact(args.artifact)
     ).start()
     try:
-        engine.wait_prepared()
+        engine.wait_ready()
         grammars = engine.grammars
         if grammars is None:
             raise SystemExit("this engine cannot constrain output (no tokenizer)")
-        grammars.prepare()  # built already where the engine warmed up; its own timing either way
+        grammars.build_tables()  # built already where the engine warmed up; its own timing either way
         assert grammars.tables_s is not None, "the grammar tables were not built"
         result["tokenizer_tables_s"] = round(grammars.tables_s, 3)
         compile_ms: dict[str, dict[str, float]] = {}

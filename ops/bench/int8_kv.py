@@ -19,7 +19,7 @@ from ops.bench.shapes import random_prompt
 
 def greedy_tokens(engine: Engine, prompts: list[tuple[int, ...]], n: int) -> list[list[int]]:
     """Greedy continuations of n tokens, one request at a time (no batching effects)."""
-    from ninfer.engine.api import GenerationRequest, SamplingParams
+    from ninfer.engine.types import GenerationRequest, SamplingParams
 
     outs = []
     for i, p in enumerate(prompts):

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(translate([str(art.path), *flags]))
         t0 = time.perf_counter()
         eng = build_engine(settings, art).start()
-        ok = eng.wait_prepared(timeout=900)
+        ok = eng.wait_ready(timeout=900)
         res["ready_s"] = time.perf_counter() - t0
         res["ready"] = ok and eng.error is None
         res["error"] = None if eng.error is None else repr(eng.error)[:500]

@@ -139,7 +139,7 @@ def bench_model(
     free(eng)
 
     if section("eager decode + profile", need(60)):
-        eng = make_engine(model, a.es, ctx + a.decode_tokens + 64, lanes, graphs=False)
+        eng = make_engine(model, a.es, ctx + a.decode_tokens + 64, lanes, cuda_graph=False)
         run_requests(eng, [random_prompt(min(256, ctx), 99, cfg.vocab_size)], 4)
         r = run_requests(eng, [random_prompt(ctx, 1000, cfg.vocab_size)], min(32, a.decode_tokens))
         res["eager_decode_tok_s_bs1"] = r["decode_tok_s"]

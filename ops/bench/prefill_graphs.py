@@ -24,9 +24,9 @@ import torch
 
 from ninfer.artifact import open_artifact
 from ninfer.artifact.synth import synth
-from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from ninfer.model.weights import load_model
 from ops.bench.report import provenance, write_json
 
@@ -87,7 +87,7 @@ def main() -> int:
             ("graphs", base.prefill_graph_buckets, None))  # fmt: skip
     for name, buckets, rows in runs:
         engine = Engine(model, replace(base, prefill_graph_buckets=buckets, prefill_graph_rows=rows)).start()
-        engine.wait_prepared()
+        engine.wait_ready()
         stats = engine.runner.graph_stats
         toks = [_run(engine, pr, 16)[0] for pr in prompts]
         ttft = []

@@ -249,7 +249,7 @@ def engine_alone(argv: list[str], words: int, output_tokens: int, smoke: bool) -
     from ninfer.artifact import open_artifact
     from ninfer.bootstrap import build_engine
     from ninfer.config.loader import load_settings
-    from ninfer.engine.api import GenerationRequest, SamplingParams
+    from ninfer.engine.types import GenerationRequest, SamplingParams
     from ninfer.service.cli import translate
     from ninfer.text.tokenizer import Tokenizer
 
@@ -257,7 +257,7 @@ def engine_alone(argv: list[str], words: int, output_tokens: int, smoke: bool) -
     artifact = open_artifact(argv[0])
     tok = Tokenizer.from_file(artifact.tokenizer_path)
     engine = build_engine(settings, artifact).start()
-    engine.wait_prepared()
+    engine.wait_ready()
     seed = [50_000]
 
     def prompt() -> tuple[int, ...]:

@@ -26,8 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ninfer.engine.api import GenerationRequest, SamplingParams
 from ninfer.engine.engine import Engine
+from ninfer.engine.types import GenerationRequest, SamplingParams
 from ops.bench.engine_runs import EngineSpec, free, make_engine
 from ops.bench.report import provenance
 from ops.bench.shapes import attach_mtp, build_model, hf_shape, random_prompt

@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
-from ninfer.engine.api import SamplingParams
 from ninfer.engine.graphs import CudaCapture
 from ninfer.engine.plan import DecodeRow
 from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_sampling
 from ninfer.engine.speculative.draft_head import DraftHead
 from ninfer.engine.speculative.mtp import MTPDrafter, Pending, rope_positions
+from ninfer.engine.types import SamplingParams
 from ninfer.model.qwen35 import Qwen35Model
 from ops.bench.ceilings import median_seconds, sync
 from ops.bench.engine_runs import EngineSpec, free, host_profile, kernel_table, make_engine, run_requests
@@ -68,7 +68,7 @@ def draft_step_ms(
     dtype = model.lm_head.weight.dtype
     per = -(-(context + k + 1) // PAGE)
     drafter = MTPDrafter(model, per * bs, bs, per, dtype, dev, head, draft_tokens=k, max_batch=bs)
-    drafter.prepare(CudaCapture(dev) if dev.type == "cuda" else None, sizes=[bs])
+    drafter.capture_graphs(CudaCapture(dev) if dev.type == "cuda" else None, sizes=[bs])
     mode = "graph" if drafter.graphs is not None else "eager"
     greedy = RowSampler(resolve_sampling(SamplingParams(temperature=0.0), None, SamplingOverrides()))
     rows = [DecodeRow(i, 1, context, i, list(range(i * per, (i + 1) * per)), greedy) for i in range(bs)]

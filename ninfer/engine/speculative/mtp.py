@@ -148,10 +148,6 @@ class MTPDrafter:
             manager.capture()
         return self.graph_stats
 
-    def prepare(self, backend: CaptureBackend | None, sizes: list[int] | None = None) -> FamilyStats | None:
-        """`capture_graphs` under its former name, which ops/bench/spec_rows.py still calls."""
-        return self.capture_graphs(backend, sizes)
-
     # ----- state mirroring -----
     def lane_state(self) -> tuple[list[KVPool], MTPDrafter | None]:
         """What a parked lane image carries besides the trunk: the MTP KV on the lane's page ids and
