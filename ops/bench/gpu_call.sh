@@ -150,7 +150,7 @@ for step in $steps; do
         run quant_error 150 python3 ops/bench/quant_error.py --shape qwen3.6-35b-a3b --out "$out/q"
         ;;
     memfit_27b)  # the 27B groupwise-int server's GPU memory at 16k context, 2 lanes (the 24 GB target)
-        run memfit_27b 240 python3 ops/bench/memory_fit.py --shape qwen3.6-27b --weights groupwise-int --out "$out/q" \
+        run memfit_27b 240 python3 ops/bench/memory_fit.py --shape qwen3.6-27b --weights groupwise-int --out "$out/q" ${MEMFIT_ARGS:-} \
             -- --max-context 16384 --max-concurrency 2 ;;
     micro)
         run micro 90 python3 ops/bench/moe_micro.py --out "$out"
