@@ -149,7 +149,7 @@ def engine_parts(
     ops = get_ops(torch.device(device).type, backend)
     # straight to the device: one tensor at a time from the file map (synthetic weights are drawn there)
     tensors = artifact.load_tensors("text", device=device)
-    model = load_model(artifact.config, tensors, _DTYPES[dtype], device, ops=ops)
+    model = load_model(artifact.config, tensors, _DTYPES[dtype], device, ops=ops, consume=True)
     del tensors
     draft_head = load_spec_weights(settings.spec, artifact, model, _DTYPES[dtype], device)
     tokenizer = Tokenizer.from_file(artifact.tokenizer_path)

@@ -71,7 +71,7 @@ class LLM:
         tensors = dict(art.load_tensors("text"))
         if art.has_component("mtp"):
             tensors.update(art.load_tensors("mtp"))
-        model = load_model(art.config, tensors, dtype=_dtype(dtype), device=device)
+        model = load_model(art.config, tensors, dtype=_dtype(dtype), device=device, consume=True)
         tokenizer = None
         if Path(art.tokenizer_path).is_file():
             from ninfer.text.tokenizer import Tokenizer

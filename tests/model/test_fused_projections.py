@@ -116,6 +116,22 @@ def test_load_model_fuses_on_cuda_only(kind: str) -> None:
         torch.testing.assert_close(y, x, **reorder_tolerance(x, longest_reduction(plain)))
 
 
+@pytest.mark.parametrize("consume", [False, True])
+def test_load_model_consume_frees_the_loaded_parts(consume: bool) -> None:
+    """A server load hands its tensor dict over (`consume`): fusing then frees each part as its fused
+    weight is built, so the load peaks at the weights plus one group, not at twice the fused ones."""
+    model = tiny_model("dense")
+    canonical = {
+        (k if k.startswith(("lm_head.", "mtp.")) else "model." + k): v.clone() for k, v in model.state_dict().items()
+    }
+    watched = [weakref.ref(canonical[k]) for k in ("model.layers.0.linear_attn.in_proj_z.weight", "model.layers.1.mlp.up_proj.weight")]
+    fused = load_model(tiny_config("dense"), canonical, fuse=True, consume=consume)
+    gc.collect()
+    assert not hasattr(fused.layers[1].mlp, "up_proj")
+    assert (canonical == {}) is consume
+    assert all((w() is None) is consume for w in watched)
+
+
 def _old_forward(model: Qwen35Model, batch: ForwardBatch, kv: KVPool, states: StatePool):
     """The layer loop before the deferred residual: `x = h + mlp(norm(h))` at the end of every layer."""
     assert model.rotary is not None
