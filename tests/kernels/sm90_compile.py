@@ -89,13 +89,18 @@ class CompileResult:
 
 
 def package_kernels() -> dict[str, Any]:
-    """module.name -> kernel object for every `@triton.jit` function defined in the package."""
+    """module.name -> kernel object for every `@triton.jit` function defined in the package (Gluon
+    kernels have no interpreter to record through: `test_gluon_sm90.py` builds those)."""
+    from triton.experimental.gluon._runtime import GluonJITFunction
+
     pkg = importlib.import_module(PACKAGE)
     found = {}
     for info in pkgutil.iter_modules(pkg.__path__):
         mod = importlib.import_module(f"{PACKAGE}.{info.name}")
         for name, obj in vars(mod).items():
             fn = getattr(obj, "fn", None)
+            if isinstance(obj, GluonJITFunction):
+                continue
             if hasattr(obj, "run") and getattr(fn, "__module__", None) == mod.__name__:
                 found[f"{mod.__name__}.{name}"] = obj
     return found

@@ -209,7 +209,9 @@ def quantized_launches(rec: Recorder) -> None:
                 x = torch.empty(m, k, dtype=BF16, device="meta")
                 qgemv.qgemv(x, w, qgemv.pick_config(m, n, groups, fmt, BF16, k=k))
                 entry = table.get(qgemv.table_key(fmt, n, k, m))
-                if entry is not None and m in (1, 8):
+                # a table entry for the Gluon tensor-core kernel (`mma_tiles`) launches no Triton kernel
+                # at the rows it is measured for (`test_gluon_sm90.py` builds it); elsewhere the heuristic
+                if entry is not None and m in (1, 8) and not entry.get("mma_tiles"):
                     qgemv.qgemv(x, w, qgemv.QGemvConfig(**entry))
                 if m == 1 and fmt != "fp8_e4m3_b128":  # the word kernel's swept tiles
                     for words, bn, warps in ((32, 32, 4), (64, 32, 4), (32, 64, 8), (64, 64, 8), (128, 16, 4)):

@@ -215,12 +215,14 @@ def table_key(fmt: str, n: int, k: int, m: int) -> str:
     return f"{fmt}:{n}:{k}:{1 if m == 1 else 8}"
 
 
-def pick_config(m: int, n: int, groups: int, fmt: str, dtype: torch.dtype, num_sms: int = NUM_SMS, k: int = 0) -> QGemvConfig:
+def pick_config(
+    m: int, n: int, groups: int, fmt: str, dtype: torch.dtype, num_sms: int = NUM_SMS, k: int = 0, table: bool = True
+) -> QGemvConfig:
     """The launch config: the measured one for this (format, shape, rows) when the table has it
     (bf16 activations on the GPU), else by shape: one or two rows on the CUDA cores (32 rows of W a
     program), more on the tensor cores, ~4 programs per SM after the split along K; `magic` decoding
     except under the interpreter."""
-    if dtype == torch.bfloat16 and not _INTERPRET and m <= 16:
+    if table and dtype == torch.bfloat16 and not _INTERPRET and m <= 16:
         entry = _table().get(table_key(fmt, n, k, m))
         if entry is not None:
             cfg = QGemvConfig(**{**entry, "block_m": max(entry["block_m"], triton.next_power_of_2(m))})
@@ -279,7 +281,13 @@ def qgemv(x: torch.Tensor, w: QuantWeight, config: QGemvConfig | None = None) ->
     per_split = triton.cdiv(groups, cfg.split)
     split = triton.cdiv(groups, per_split)
     out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    if cfg.mma_tiles and m <= qgemv_mma.MAX_ROWS and not _INTERPRET and qgemv_mma.supported(x2, fmt):
+    use_mma = cfg.mma_tiles and m <= qgemv_mma.MAX_ROWS and not _INTERPRET and qgemv_mma.supported(x2, fmt)
+    if cfg.mma_tiles and not use_mma and config is None:  # the table's mma entry does not apply: the shape's heuristic
+        cfg = pick_config(m, n, groups, w.fmt.name, x.dtype, k=k, table=False)
+        per_split = triton.cdiv(groups, cfg.split)
+        split = triton.cdiv(groups, per_split)
+        out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    if use_mma:
         base32 = w.base.view(torch.int32)
         high = base32 if w.high is None else (w.high.view(torch.int16) if fmt == 2 else w.high)
         qgemv_mma.launch_mma(
