@@ -4,17 +4,35 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+
+import falcon
 
 from ninfer.api.errors import ApiError, invalid
-from ninfer.api.pipeline import Caller, Pipeline
+from ninfer.api.pipeline import Caller, ClientProbe, Pipeline
 from ninfer.api.responses.store import ResponseStore
 from ninfer.text.tokenizer import Tokenizer
 
 
-def caller(req: Any) -> Caller:
+class RequestContext(falcon.Context):
+    """`req.context` on the service's app (`ServiceRequest`): what its middleware records of the
+    sender (`ninfer.service.disconnect.ClientWatch`); unset, the defaults below."""
+
+    client_gone: ClientProbe | None = None  # the socket probe (None off gunicorn, e.g. in tests)
+    client_request_id: str | None = None  # the caller's valid `x-request-id`
+
+
+class ServiceRequest(falcon.Request):
+    """The request class of the service's app: its `context` is a `RequestContext`."""
+
+    context_type = RequestContext
+
+
+def caller(req: falcon.Request) -> Caller:
     """The request's sender as the service middleware recorded it on `req.context`."""
-    return Caller(getattr(req.context, "client_gone", None), getattr(req.context, "client_request_id", None))
+    context = req.context
+    if not isinstance(context, RequestContext):  # an app built without `ServiceRequest`
+        return Caller()
+    return Caller(context.client_gone, context.client_request_id)
 
 
 @dataclass

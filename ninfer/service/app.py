@@ -9,7 +9,7 @@ from typing import Any
 
 import falcon
 
-from ninfer.api.context import ApiContext
+from ninfer.api.context import ApiContext, ServiceRequest
 from ninfer.service.disconnect import ClientWatch
 from ninfer.service.metrics import CONTENT_TYPE
 from ninfer.service.middleware import ApiKeyAuth, BodyLimit, HttpCount, install_error_handlers
@@ -79,7 +79,7 @@ def create_app(
         middleware.append(ApiKeyAuth(api_key, frozenset({"/metrics"}) if metrics_open else frozenset()))
     middleware.append(BodyLimit(max_request_bytes))
     middleware.append(ClientWatch())
-    app = falcon.App(middleware=middleware, cors_enable=cors)
+    app = falcon.App(request_type=ServiceRequest, middleware=middleware, cors_enable=cors)
     app.req_options.strip_url_path_trailing_slash = True
     install_error_handlers(app)
     routes: list[tuple[str, object]] = [("/health", HealthResource(health))]

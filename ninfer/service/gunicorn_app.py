@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
@@ -19,10 +19,13 @@ from ninfer.service.console import ConsoleFormatter, logger
 from ninfer.service.options import worker_threads
 from ninfer.service.reader_worker import ReaderTimeouts, worker_class
 
+if TYPE_CHECKING:
+    from ninfer.service.runtime import ServiceRuntime
+
 WORKER_CONNECTIONS = 4096  # idle and slow connections cost a descriptor and a buffer, not a thread
 MIN_BUFFER_BUDGET = 256 * 1024 * 1024  # all request bytes buffered before their threads, together
 
-RuntimeFactory = Callable[[], Any]  # -> ServiceRuntime, called inside the worker
+RuntimeFactory = Callable[[], "ServiceRuntime"]  # called inside the worker
 
 
 class ConsoleLogger(glogging.Logger):
@@ -49,9 +52,9 @@ def _post_worker_init(worker: Any) -> None:
 
 
 def _worker_exit(server: Any, worker: Any) -> None:
-    runtime = getattr(worker.app, "runtime", None)
-    if runtime is not None:
-        runtime.shutdown()
+    app = worker.app
+    if isinstance(app, NinferApplication) and app.runtime is not None:
+        app.runtime.shutdown()
 
 
 class NinferApplication(BaseApplication):
@@ -60,7 +63,7 @@ class NinferApplication(BaseApplication):
     def __init__(self, settings: Settings, runtime_factory: RuntimeFactory) -> None:
         self.settings = settings
         self.runtime_factory = runtime_factory
-        self.runtime: Any = None
+        self.runtime: ServiceRuntime | None = None
         super().__init__()
 
     def load_config(self) -> None:
@@ -131,6 +134,8 @@ class NinferApplication(BaseApplication):
         closes the log once they are released."""
         previous = signal.getsignal(signal.SIGTERM)
         runtime = self.runtime
+        if runtime is None:  # gunicorn calls post_worker_init after the worker's load()
+            raise RuntimeError("the drain handler needs the runtime that load() builds")
 
         def drain_then_stop(signum: int, frame: Any) -> None:
             try:
