@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ninfer.api.context import ApiContext
+from ninfer.api.context import ApiContext, ServedModel
 from ninfer.api.pipeline import Pipeline
 from ninfer.api.responses.store import ResponseStore
 from ninfer.config import Settings
@@ -57,7 +57,6 @@ class ServiceRuntime:
         self.ctx = ApiContext(
             vision=settings.vision.enabled,
             model_id=server.model_id,
-            max_context=settings.engine.max_context,
             client_compat=server.client_compat,
             response_store=ResponseStore(server.response_store_max_records, server.response_store_max_mib),
         )
@@ -167,9 +166,14 @@ class ServiceRuntime:
         capture_s = graphs.capture_s if graphs is not None and graphs.batch_sizes else None
         compile_report = cache.report(compile_s=capture_s)
         pipeline = Pipeline(engine, prompts, self.recorder, self.next_request_id)
-        self.ctx.model_id = self.settings.server.model_id or artifact.model_id
+        served = ServedModel(
+            model_id=self.settings.server.model_id or artifact.model_id,
+            max_context=self.settings.engine.max_context,
+            efforts=prompts.caps.efforts,
+        )
+        self.ctx.model_id = served.model_id
         self._server_start(engine, path, artifact, compile_report)
-        self.ctx.pipeline = pipeline
+        self.ctx.serve(served, pipeline)
         media_bytes = media.preprocessor.cache if media is not None else None  # live / retained media bytes
         self.reporter = ThroughputReporter(
             engine,
