@@ -4,32 +4,66 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+
+import falcon
 
 from ninfer.api.errors import ApiError, invalid
-from ninfer.api.pipeline import Caller, Pipeline
+from ninfer.api.pipeline import Caller, ClientProbe, Pipeline
 from ninfer.api.responses.store import ResponseStore
 from ninfer.text.tokenizer import Tokenizer
 
 
-def caller(req: Any) -> Caller:
+class RequestContext(falcon.Context):
+    """`req.context` on the service's app (`ServiceRequest`): what its middleware records of the
+    sender (`ninfer.service.disconnect.ClientWatch`); unset, the defaults below."""
+
+    client_gone: ClientProbe | None = None  # the socket probe (None off gunicorn, e.g. in tests)
+    client_request_id: str | None = None  # the caller's valid `x-request-id`
+
+
+class ServiceRequest(falcon.Request):
+    """The request class of the service's app: its `context` is a `RequestContext`."""
+
+    context_type = RequestContext
+
+
+def caller(req: falcon.Request) -> Caller:
     """The request's sender as the service middleware recorded it on `req.context`."""
-    return Caller(getattr(req.context, "client_gone", None), getattr(req.context, "client_request_id", None))
+    context = req.context
+    if not isinstance(context, RequestContext):  # an app built without `ServiceRequest`
+        return Caller()
+    return Caller(context.client_gone, context.client_request_id)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the HTTP layer knows of the loaded model, built once at load (`ServiceRuntime`)."""
+
+    model_id: str  # the public id: server.model_id, else the artifact's
+    max_context: int  # the engine's context ceiling (prompt + output)
+    efforts: tuple[str, ...] = ()  # the reasoning efforts the chat template exposes (may be none)
 
 
 @dataclass
 class ApiContext:
-    """Filled in by the service once the artifact and engine are up; routes read it per request."""
+    """The configured facts from the start; the served model and its pipeline once loaded
+    (`serve`); routes read it per request."""
 
     vision: bool = False
-    model_id: str | None = None
-    max_context: int = 0  # the engine's context ceiling (prompt + output), once loaded
+    model_id: str | None = None  # the public id: the configured one until load, then the served one
     pipeline: Pipeline | None = None
+    served: ServedModel | None = None  # set together with the pipeline
     response_store: ResponseStore | None = None  # sized from server.response_store_max_*
     draining: bool = False
     client_compat: bool = False  # --client-compat: accept, ignore or map real clients' extra fields
     synthetic_weights: bool = False  # the artifact's weights are drawn at load (artifact synth)
     created: int = field(default_factory=lambda: int(time.time()))
+
+    def serve(self, served: ServedModel, pipeline: Pipeline) -> None:
+        """Loaded: the routes serve `served` through `pipeline` from now on."""
+        self.model_id = served.model_id
+        self.served = served
+        self.pipeline = pipeline  # last: a set pipeline means a set `served`
 
     def require_pipeline(self) -> Pipeline:
         if self.draining:
@@ -45,9 +79,15 @@ class ApiContext:
             )
         return self.pipeline
 
+    def require_served(self) -> ServedModel:
+        """The loaded model's facts; the same 503s as `require_pipeline` before load or draining."""
+        self.require_pipeline()
+        assert self.served is not None  # `serve` sets it before the pipeline
+        return self.served
+
     def template_efforts(self) -> tuple[str, ...]:
         """The reasoning efforts the loaded chat template exposes (empty before load or without any)."""
-        return self.pipeline.prompts.caps.efforts if self.pipeline is not None else ()
+        return self.served.efforts if self.served is not None else ()
 
     def tokenizer(self) -> Tokenizer:
         """The artifact's tokenizer (`encode`, `decode`, `vocab_size`); needs the loaded pipeline."""

@@ -24,8 +24,8 @@ def model_card(ctx: ApiContext, model_id: str) -> dict[str, object]:
         "created": ctx.created,
         "owned_by": "ninfer",
     }
-    if ctx.pipeline is not None:  # the context a request may use (vLLM and the seed list it)
-        card["max_model_len"] = ctx.max_context
+    if ctx.served is not None:  # the context a request may use (vLLM and the seed list it)
+        card["max_model_len"] = ctx.served.max_context
     if ctx.synthetic_weights:  # a benchmark artifact: say so wherever the model is listed
         card["synthetic_weights"] = True
     return card

@@ -23,8 +23,8 @@ class TokenizeResource:
         f.reject_unknown(body, ("model", "prompt"))
         prompt = f.req_str(body, "prompt", nonempty=False)
         tokens = self.ctx.tokenizer().encode(prompt)
-        self.ctx.require_pipeline()
-        resp.media = {"tokens": tokens, "count": len(tokens), "max_model_len": self.ctx.max_context}
+        served = self.ctx.require_served()
+        resp.media = {"tokens": tokens, "count": len(tokens), "max_model_len": served.max_context}
 
 
 class DetokenizeResource:

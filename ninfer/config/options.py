@@ -38,6 +38,11 @@ class Option:
     def is_switch(self) -> bool:
         return self.metavar is None
 
+    @property
+    def dest(self) -> str:
+        """The argparse attribute the flag is parsed into (e.g. "max_context")."""
+        return self.flag[2:].replace("-", "_")
+
     def override(self, value: str | None = None) -> str:
         """The Hydra override this flag stands for (``value`` is the flag's argument)."""
         if self.is_switch:

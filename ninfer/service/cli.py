@@ -47,11 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     extra = parser.add_argument_group("further options")
     for group, options in ((contract, CONTRACT_OPTIONS), (extra, EXTRA_OPTIONS)):
         for option in options:
-            dest = option.flag[2:].replace("-", "_")
             if option.is_switch:
-                group.add_argument(option.flag, dest=dest, action="store_true", help=_help(option))
+                group.add_argument(option.flag, dest=option.dest, action="store_true", help=_help(option))
             else:
-                group.add_argument(option.flag, dest=dest, metavar=option.metavar, help=_help(option))
+                group.add_argument(option.flag, dest=option.dest, metavar=option.metavar, help=_help(option))
     extra.add_argument("--preset", metavar="NAME", help="a preset under conf/preset/ (+preset=NAME)")
     extra.add_argument(
         "--set",
@@ -76,7 +75,7 @@ def _overrides(ns: argparse.Namespace) -> list[str]:
     if ns.artifact is not None:
         out.append(f"model.artifact={hydra_quote(ns.artifact)}")
     for option in (*CONTRACT_OPTIONS, *EXTRA_OPTIONS):
-        value = getattr(ns, option.flag[2:].replace("-", "_"))
+        value = vars(ns)[option.dest]
         if option.is_switch and value:
             out.append(option.override())
         elif not option.is_switch and value is not None:
@@ -95,7 +94,7 @@ def _message(exc: ConfigError, ns: argparse.Namespace) -> str:
     option = BY_KEY.get(exc.key or "")
     if option is None or exc.source is not None:
         return str(exc)
-    given = getattr(ns, option.flag[2:].replace("-", "_"), None)
+    given = vars(ns).get(option.dest)
     if option.is_switch and given:
         return f"{option.flag} ({exc.key}={exc.value}): {exc.reason}"
     if not option.is_switch and given is not None:

@@ -9,7 +9,8 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
@@ -19,10 +20,14 @@ from ninfer.service.console import ConsoleFormatter, logger
 from ninfer.service.options import worker_threads
 from ninfer.service.reader_worker import ReaderTimeouts, worker_class
 
+if TYPE_CHECKING:
+    from ninfer.service.app import WsgiApp
+    from ninfer.service.runtime import ServiceRuntime
+
 WORKER_CONNECTIONS = 4096  # idle and slow connections cost a descriptor and a buffer, not a thread
 MIN_BUFFER_BUDGET = 256 * 1024 * 1024  # all request bytes buffered before their threads, together
 
-RuntimeFactory = Callable[[], Any]  # -> ServiceRuntime, called inside the worker
+RuntimeFactory = Callable[[], "ServiceRuntime"]  # called inside the worker
 
 
 class ConsoleLogger(glogging.Logger):
@@ -49,9 +54,9 @@ def _post_worker_init(worker: Any) -> None:
 
 
 def _worker_exit(server: Any, worker: Any) -> None:
-    runtime = getattr(worker.app, "runtime", None)
-    if runtime is not None:
-        runtime.shutdown()
+    app = worker.app
+    if isinstance(app, NinferApplication) and app.runtime is not None:
+        app.runtime.shutdown()
 
 
 class NinferApplication(BaseApplication):
@@ -60,7 +65,7 @@ class NinferApplication(BaseApplication):
     def __init__(self, settings: Settings, runtime_factory: RuntimeFactory) -> None:
         self.settings = settings
         self.runtime_factory = runtime_factory
-        self.runtime: Any = None
+        self.runtime: ServiceRuntime | None = None
         super().__init__()
 
     def load_config(self) -> None:
@@ -98,30 +103,15 @@ class NinferApplication(BaseApplication):
         for key, value in values.items():
             self.cfg.set(key, value)
 
-    def load(self) -> Any:
+    def load(self) -> WsgiApp:
         """Runs in the worker: build the runtime, start loading, return the WSGI app at once."""
-        from ninfer.service.app import create_app
-        from ninfer.service.request_id import RequestIdMiddleware
-        from ninfer.service.router_compat import RouterCompatMiddleware
-        from ninfer.service.telemetry import TracingMiddleware
+        from ninfer.service.app import assemble_app
 
         runtime = self.runtime_factory()
         self.runtime = runtime
         runtime.on_failed = _exit_boot_error
         runtime.start()
-        server = self.settings.server
-        app = create_app(
-            runtime.ctx,
-            runtime.health,
-            api_key=server.api_key_value,
-            cors=server.cors,
-            max_request_bytes=server.max_request_bytes,
-            liveness=runtime.liveness,
-            metrics=runtime.metrics.render,
-            metrics_open=server.metrics_open,
-            observe_http=runtime.metrics.observe_http,
-        )
-        return RequestIdMiddleware(TracingMiddleware(RouterCompatMiddleware(app), runtime.tracing))
+        return assemble_app(self.settings.server, runtime.ctx, runtime, runtime.metrics, runtime.tracing)
 
     def install_drain(self, worker: Any) -> None:
         """SIGTERM: readiness turns 503 and new requests get 503 + Retry-After at once, while the
@@ -131,15 +121,17 @@ class NinferApplication(BaseApplication):
         closes the log once they are released."""
         previous = signal.getsignal(signal.SIGTERM)
         runtime = self.runtime
+        if runtime is None:  # gunicorn calls post_worker_init after the worker's load()
+            raise RuntimeError("the drain handler needs the runtime that load() builds")
 
-        def drain_then_stop(signum: int, frame: Any) -> None:
+        def drain_then_stop(signum: int, frame: FrameType | None) -> None:
             try:
                 runtime.drain()
             finally:
                 if callable(previous):
                     previous(signum, frame)
 
-        def on_term(signum: int, frame: Any) -> None:
+        def on_term(signum: int, frame: FrameType | None) -> None:
             runtime.begin_drain()
             threading.Thread(
                 target=drain_then_stop, args=(signum, frame), name="ninfer-drain", daemon=True

@@ -22,6 +22,7 @@ import select
 import selectors
 import socket
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -52,10 +53,16 @@ class ReaderTimeouts:
     buffer_budget: int = 1024 * 1024 * 1024
 
 
+class ReaderConn(TConn):
+    """gthread's connection, and whether its last request was answered before its body was read."""
+
+    partial = False  # set per request by `_dispatch`: no keep-alive after the answer
+
+
 class Reading:
     """A connection on the selector: its receive buffer, framing state and current deadline."""
 
-    def __init__(self, conn: TConn, data: bytes, max_body_bytes: int) -> None:
+    def __init__(self, conn: ReaderConn, data: bytes, max_body_bytes: int) -> None:
         self.conn = conn
         self.buf = bytearray(data)
         self.framing = RequestFraming(max_body_bytes)
@@ -134,10 +141,10 @@ class ReaderWorker(ThreadWorker):
                 raise
             return
         self.nr_conns += 1
-        conn = TConn(self.cfg, client, addr, listener.getsockname())  # non-blocking
+        conn = ReaderConn(self.cfg, client, addr, listener.getsockname())  # non-blocking
         self._start_reading(conn, b"")
 
-    def _start_reading(self, conn: TConn, data: bytes) -> None:
+    def _start_reading(self, conn: ReaderConn, data: bytes) -> None:
         state = Reading(conn, data, self.timeouts.max_body_bytes)
         state.deadline = time.monotonic() + self.cfg.keepalive
         conn.sock.setblocking(False)
@@ -246,7 +253,7 @@ class ReaderWorker(ThreadWorker):
                 state.deadline = min(state.deadline, deadline)
         super()._cap_keepalive(deadline)
 
-    def finish_request(self, conn: TConn, fs: Any) -> None:
+    def finish_request(self, conn: TConn, fs: Future[bool]) -> None:
         """Back from the thread: a kept-alive connection returns to reading, with what it pipelined."""
         try:
             keep = fs.result() if not fs.cancelled() else False
@@ -270,6 +277,6 @@ class ReaderWorker(ThreadWorker):
         return super().handle_request(req, conn)
 
     def _keepalive_after(self, conn: TConn, keepalive: bool) -> bool:
-        if getattr(conn, "partial", False):
+        if isinstance(conn, ReaderConn) and conn.partial:
             return False
         return super()._keepalive_after(conn, keepalive)

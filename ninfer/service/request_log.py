@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -10,6 +11,8 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
+
+from pydantic import BaseModel
 
 SCHEMA = "ninfer_serve_request_log"
 SCHEMA_VERSION = 15
@@ -108,10 +111,8 @@ def _jsonable(value: Any) -> Any:
         return os.fspath(value)
     if isinstance(value, set | frozenset | tuple):
         return list(value)
-    if hasattr(value, "model_dump"):
+    if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
-    if hasattr(value, "__dataclass_fields__"):
-        from dataclasses import asdict
-
-        return asdict(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
     return str(value)

@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ninfer.api.context import ApiContext
+from ninfer.api.context import ApiContext, ServedModel
 from ninfer.api.pipeline import Pipeline
-from ninfer.api.responses.store import ResponseStore
 from ninfer.config import Settings
+from ninfer.service.app import api_context
 from ninfer.service.console import logger
 from ninfer.service.engine_view import EngineView
 from ninfer.service.metrics import ServiceMetrics
@@ -39,7 +39,8 @@ def default_engine_factory(settings: Settings, artifact: Artifact) -> EngineView
 
 
 class ServiceRuntime:
-    """Everything one worker serves with. `start()` returns at once; loading runs on a thread."""
+    """One worker's lifecycle: load (on a thread; `start()` returns at once), readiness, drain and
+    shutdown, over the parts the API is assembled from (`ninfer.service.app.assemble_app`)."""
 
     def __init__(
         self,
@@ -48,19 +49,14 @@ class ServiceRuntime:
         argv: list[str],
         engine_factory: EngineFactory = default_engine_factory,
         tracing: Tracing | None = None,
+        ctx: ApiContext | None = None,
     ) -> None:
         self.settings = settings
         self.instance_id = instance_id
         self.argv = argv
         self.engine_factory = engine_factory
-        server, telemetry = settings.server, settings.telemetry
-        self.ctx = ApiContext(
-            vision=settings.vision.enabled,
-            model_id=server.model_id,
-            max_context=settings.engine.max_context,
-            client_compat=server.client_compat,
-            response_store=ResponseStore(server.response_store_max_records, server.response_store_max_mib),
-        )
+        telemetry = settings.telemetry
+        self.ctx = ctx if ctx is not None else api_context(settings)
         self.log = RequestLog(settings.logging.request_log_jsonl, instance_id, settings.model.artifact)
         self.tracing = tracing or Tracing.from_config(
             telemetry.exporter, telemetry.otlp_endpoint, telemetry.service_name, instance_id
@@ -167,9 +163,14 @@ class ServiceRuntime:
         capture_s = graphs.capture_s if graphs is not None and graphs.batch_sizes else None
         compile_report = cache.report(compile_s=capture_s)
         pipeline = Pipeline(engine, prompts, self.recorder, self.next_request_id)
-        self.ctx.model_id = self.settings.server.model_id or artifact.model_id
+        served = ServedModel(
+            model_id=self.settings.server.model_id or artifact.model_id,
+            max_context=self.settings.engine.max_context,
+            efforts=prompts.caps.efforts,
+        )
+        self.ctx.model_id = served.model_id
         self._server_start(engine, path, artifact, compile_report)
-        self.ctx.pipeline = pipeline
+        self.ctx.serve(served, pipeline)
         media_bytes = media.preprocessor.cache if media is not None else None  # live / retained media bytes
         self.reporter = ThroughputReporter(
             engine,

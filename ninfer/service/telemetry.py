@@ -192,7 +192,7 @@ class _SpanBody:
 
     def close(self) -> None:
         try:
-            close = getattr(self._body, "close", None)
+            close = getattr(self._body, "close", None)  # PEP 3333: an iterable may have close()
             if close is not None:
                 close()
         finally:

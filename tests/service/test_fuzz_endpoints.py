@@ -32,7 +32,7 @@ from fake_engine import FakeEngine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ninfer.api.context import ApiContext
+from ninfer.api.context import ApiContext, ServedModel
 from ninfer.api.json_body import MAX_DEPTH
 from ninfer.api.pipeline import Pipeline
 from ninfer.api.prompting import FrontendPrompts
@@ -317,7 +317,8 @@ def app() -> Iterator[tuple[falcon.testing.TestClient, Faults]]:
     )
     ids = itertools.count(1)
     pipeline = Pipeline(engine, prompts, NullObserver(), lambda: next(ids))
-    ctx = ApiContext(model_id=MODEL, pipeline=pipeline)
+    ctx = ApiContext()
+    ctx.serve(ServedModel(MODEL, 512, prompts.caps.efforts), pipeline)
     client = falcon.testing.TestClient(
         create_app(ctx, lambda: (200, {"status": "ok"}), api_key=None, cors=False, max_request_bytes=1 << 20)
     )

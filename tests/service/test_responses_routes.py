@@ -12,7 +12,7 @@ import falcon.testing
 import pytest
 from fake_engine import FakeEngine
 
-from ninfer.api.context import ApiContext
+from ninfer.api.context import ApiContext, ServedModel
 from ninfer.api.pipeline import Pipeline
 from ninfer.api.prompting import FrontendPrompts
 from ninfer.api.responses.store import ResponseStore
@@ -44,7 +44,8 @@ def app_parts() -> Iterator[tuple[falcon.testing.TestClient, ResponseStore]]:
     )
     ids = itertools.count(1)
     pipeline = Pipeline(engine, prompts, NullObserver(), lambda: next(ids))
-    ctx = ApiContext(model_id=MODEL, pipeline=pipeline)
+    ctx = ApiContext()
+    ctx.serve(ServedModel(MODEL, 512, prompts.caps.efforts), pipeline)
     store = ResponseStore(max_records=2, max_mib=1)
     ctx.response_store = store  # type: ignore[attr-defined]
     app = create_app(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from falcon import testing
 
+from ninfer.api.context import ServedModel
 from ninfer.api.pipeline import Pipeline
 from ninfer.config.loader import load_settings
 from ninfer.engine.config import EngineConfig
@@ -42,18 +43,18 @@ def test_health_reports_an_engine_thread_failure_and_requests_fail_at_once() -> 
 
     engine.runner.capture_graphs = broken_capture
     runtime.engine, runtime.ready = engine, True
-    runtime.ctx.model_id = "m"
 
     class OptionsOnly:  # the options check runs before the ticket; prepare is never reached
         def check_options(self, controls: object) -> None:
             return None
 
-    runtime.ctx.pipeline = Pipeline(
+    pipeline = Pipeline(
         engine,
         OptionsOnly(),  # type: ignore[arg-type]
         runtime.recorder,
         runtime.next_request_id,
     )
+    runtime.ctx.serve(ServedModel("m", 256), pipeline)
     client = testing.TestClient(
         create_app(runtime.ctx, runtime.health, api_key=None, cors=False, max_request_bytes=1 << 20)
     )
