@@ -72,7 +72,7 @@ def test_the_rule_can_fail() -> None:
 
 
 # Circles left to break, each a set of modules (none: the engine's step modules import in one
-# direction since every step returns one `StepResult`, speculative rounds included).
+# direction since every step returns one `StepResult` and `step_io` imports nothing of the engine).
 KNOWN_CIRCLES: list[set[str]] = []
 
 
