@@ -1,6 +1,8 @@
-"""Committing a step's sampled tokens: stops and max tokens, outputs to handles, speculative runs."""
+"""Committing a step's runs of tokens: stops and max tokens, outputs to handles, then `Runner.settle`."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from ninfer.engine.counters import Counters
 from ninfer.engine.handle import Outbox, RequestHandle
@@ -9,6 +11,9 @@ from ninfer.engine.retire import Retirer
 from ninfer.engine.scheduler import DECODE, Scheduler, Seq
 from ninfer.engine.speculative import counters as spec_counters
 from ninfer.engine.types import FinishReason, StepOutput, TokenLogprob
+
+# `Runner.settle`: (a step's result, tokens committed per row or None) -> seconds spent
+Settle = Callable[[StepResult, list[int | None]], float]
 
 
 class Committer:
@@ -22,7 +27,9 @@ class Committer:
         seqs: dict[int, Seq],
         handles: dict[int, RequestHandle],
         outbox: Outbox,
+        settle: Settle,
     ) -> None:
+        self.settle = settle  # the runner's: GPU work a step leaves until its tokens are committed
         self.outbox = outbox  # token outputs go out once the next step is launched
         self.scheduler = scheduler
         self.counters = counters
@@ -49,8 +56,9 @@ class Committer:
             i = first.get(plan.seq_id)
             if i is not None:
                 seq.t_first = now
-                lp = result.logprobs[i] if result.logprobs else None
-                self.token(seq, result.tokens[i], now, lp=lp, prompt_lps=scored)
+                lps = result.logprobs[i] if result.logprobs else None
+                (token,) = result.runs[i]  # a prompt's first token
+                self.token(seq, token, now, lp=None if lps is None else lps[0], prompt_lps=scored)
             elif seq.phase == DECODE and seq.entitlement == 0:  # scoring only: no token is generated
                 seq.t_first = now
                 out = StepOutput(token_ids=(), finish_reason="length", text="", prompt_logprobs=scored)
@@ -58,30 +66,27 @@ class Committer:
         self.counters.add(prefill_tokens=sum(len(p.tokens) for p in plans), prefill_seconds=result.seconds)
 
     def decode(self, plan: DecodePlan, result: StepResult, now: float, ahead: bool = False) -> None:
-        """Commit each row's token (or speculative run), then fix up speculative lane state.
+        """Commit each row's run of tokens until its request finishes (stop or length), then let
+        the runner settle the step (`settle`: a speculative round's lane state fix-up).
 
         `ahead`: the next round, over these rows, is already launched; a request finishing here
         has its last token fed by it, so its lane is retained with that token computed. Rows whose
         request finished in the round before (a launched-ahead round) are skipped."""
-        spec = result.spec
-        decoded, committed, rows = 0, [], 0
+        decoded, rows = 0, 0
+        committed: list[int | None] = []  # per row: tokens committed, None where no lane state is retained
         for i, sid in enumerate(result.seq_ids):
             seq = self.seqs.get(sid)
-            if seq is None:  # finished while this round was in flight: its token is void
+            if seq is None:  # finished while this round was in flight: its tokens are void
+                committed.append(None)
                 continue
             rows += 1
-            run = [result.tokens[i]] if spec is None else spec.runs[i]
-            lps: list[TokenLogprob] | list[TokenLogprob | None] | None
-            if spec is None:
-                lps = [result.logprobs[i]] if result.logprobs else None
-            else:
-                lps = spec.logprobs[i] if spec.logprobs else None
-            if spec is not None:
-                spec_counters.begin_row(seq.stats.speculative, spec.drafted[i])
-            n = 0  # a speculative run commits until the request finishes (stop or length)
-            for token in run:
-                if spec is not None and n < spec.accepted[i]:
-                    spec_counters.commit_draft(seq.stats.speculative, n)
+            lps = result.logprobs[i] if result.logprobs else None
+            stats = seq.stats.speculative  # empty for a request decoded without drafts
+            spec_counters.begin_row(stats, result.drafted[i])
+            n = 0
+            for token in result.runs[i]:
+                if n < result.accepted[i]:
+                    spec_counters.commit_draft(stats, n)
                 self.scheduler.decode_fed(seq)
                 n += 1
                 if self.token(seq, token, now, ahead, None if lps is None else lps[n - 1]):
@@ -90,11 +95,10 @@ class Committer:
             retained = seq.lane is not None and seq.lane.computed > 0
             committed.append(n if retained else None)
         seconds = result.seconds
-        if spec is not None:  # bring each retained lane's state to exactly its committed tokens
-            try:
-                seconds += spec.finalize(committed)
-            except Exception as exc:
-                self.retirer.drop_rows(plan, f"{type(exc).__name__}: {exc}")
+        try:  # bring each retained lane's state to exactly its committed tokens
+            seconds += self.settle(result, committed)
+        except Exception as exc:
+            self.retirer.drop_rows(plan, f"{type(exc).__name__}: {exc}")
         self.counters.add(
             decode_tokens=decoded,
             decode_rounds=1,

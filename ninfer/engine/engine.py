@@ -161,8 +161,9 @@ class Engine:
             self._outbox,
         )  # fmt: skip
         self._commit = Committer(
-            self.scheduler, self.counters, self._retire, self._seqs, self._handles, self._outbox
-        )
+            self.scheduler, self.counters, self._retire, self._seqs, self._handles, self._outbox,
+            self.runner.settle,
+        )  # fmt: skip
         self._thread: threading.Thread | None = None
         self.error: str | None = None  # set when the engine thread died; every request then fails
         self.ready = threading.Event()  # set once the engine thread finished warm-up / graph capture

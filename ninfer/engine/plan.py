@@ -10,7 +10,6 @@ from ninfer.engine.types import TokenLogprob
 
 if TYPE_CHECKING:
     from ninfer.engine.multimodal import MultimodalPrompt
-    from ninfer.engine.speculative.decoder import SpecRound
 
 
 @dataclass(frozen=True)
@@ -73,13 +72,36 @@ StepPlan = PrefillPlan | PrefillBatch | DecodePlan
 
 @dataclass
 class StepResult:
-    """Sampled tokens, one per sampled row, in plan order (empty for a non-final prefill chunk)."""
+    """Every step kind's result, per sampled row in plan order (no rows for a non-final prefill
+    chunk): the run of tokens offered for commit (one token for a plain decode round or a prompt's
+    first token; up to k + 1 for a speculative round, committed in order until the request
+    finishes), their logprobs, and the drafts verified and accepted. A speculative round leaves
+    GPU work for after the commit: `Runner.settle(result, committed)`, a no-op for other steps."""
 
     seq_ids: list[int]
-    tokens: list[int]
+    runs: list[list[int]]  # [rows][1..k+1] tokens, each run non-empty
     seconds: float = 0.0
     vision_seconds: float = 0.0  # vision tower time inside a multimodal prefill chunk
-    # speculative decode rounds: per-row runs of tokens to commit, and the state fix-up to call
-    spec: SpecRound | None = None
-    logprobs: list[TokenLogprob | None] | None = None  # per row, for rows that asked for logprobs
+    # per row: one entry per token of its run for a row that asked for logprobs, else None
+    logprobs: list[list[TokenLogprob] | None] | None = None
+    drafted: list[int] = field(default_factory=list)  # [rows] drafts verified (0: no drafts)
+    accepted: list[int] = field(default_factory=list)  # [rows] drafts accepted: runs[i][:accepted[i]]
     prompt_logprobs: list[TokenLogprob] | None = None  # a prompt-scoring chunk's, one per target
+
+    def __post_init__(self) -> None:
+        n = len(self.seq_ids)
+        if not self.drafted and not self.accepted:
+            self.drafted, self.accepted = [0] * n, [0] * n
+        if not len(self.runs) == len(self.drafted) == len(self.accepted) == n:
+            counts = (len(self.runs), len(self.drafted), len(self.accepted))
+            raise ValueError(f"{n} rows: (runs, drafted, accepted) of {counts}")
+        if self.logprobs is not None and len(self.logprobs) != n:
+            raise ValueError(f"{n} rows, {len(self.logprobs)} logprobs")
+
+    @classmethod
+    def sampled(
+        cls, seq_ids: list[int], tokens: list[int], logprobs: list[TokenLogprob | None] | None = None
+    ) -> StepResult:
+        """One sampled token per row (a plain decode round, prompts' first tokens), no drafts."""
+        lps = None if logprobs is None else [None if lp is None else [lp] for lp in logprobs]
+        return cls(seq_ids, [[t] for t in tokens], logprobs=lps)

@@ -270,7 +270,24 @@ class Runner:
         lp = None
         if launched.logprobs is not None:
             lp = launched.logprobs.read(tokens, [r.sampler for r in launched.plan.rows], len(tokens))
-        return StepResult(seq_ids=seq_ids, tokens=tokens, seconds=seconds, logprobs=lp)
+        result = StepResult.sampled(seq_ids, tokens, lp)
+        result.seconds = seconds
+        return result
+
+    def settle(self, result: StepResult, committed: list[int | None]) -> float:
+        """Finish the GPU work a step leaves until its tokens are committed; -> the seconds spent.
+        committed[i]: the tokens row i committed, None where its lane state is not retained. A
+        speculative round brings each retained lane's state to exactly its committed tokens
+        (`SpecDecoder.settle`); every other step has nothing left (0.0)."""
+        if self.spec is None:
+            return 0.0
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            if not self.spec.settle(result, committed):
+                return 0.0
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
 
     def execute(self, plan: StepPlan, on_launch: Callable[[], None] | None = None) -> StepResult:
         """Run one plan to its result: `resolve(launch(plan))` (warm-up, benchmarks, tests)."""
@@ -405,7 +422,7 @@ class Runner:
             self._slot_ops(plan.ops_after)
         last = [i for i, p in enumerate(plans) if p.sampler is not None]
         if not last:
-            return StepResult(seq_ids=[], tokens=[])
+            return StepResult(seq_ids=[], runs=[])
         # [k, V] float32 (masked in the graph): views stacked, no index tensors copied to the device
         logits = torch.stack([out.logits[i, lens[i] - 1] for i in last])
         return _first_tokens([plans[i] for i in last], logits)
@@ -433,7 +450,7 @@ class Runner:
         if plan.prompt_logprobs is not None:
             scored = score_positions(self._logits, hidden[0], plan.targets, plan.prompt_logprobs)
         if plan.sampler is None:
-            return StepResult(seq_ids=[], tokens=[], vision_seconds=vision_s, prompt_logprobs=scored)
+            return StepResult(seq_ids=[], runs=[], vision_seconds=vision_s, prompt_logprobs=scored)
         result = _first_tokens([plan], self._logits(hidden[:, -1]))  # [1, V] float32
         result.vision_seconds = vision_s
         result.prompt_logprobs = scored
@@ -446,7 +463,7 @@ def _first_tokens(plans: Sequence[PrefillPlan], logits: torch.Tensor) -> StepRes
     rows = [p.sampler for p in plans if p.sampler is not None]
     assert len(rows) == len(plans), "only a prompt's last chunk samples"
     tokens, lp = sample_with_logprobs(logits, rows)
-    return StepResult(seq_ids=[p.seq_id for p in plans], tokens=tokens, logprobs=lp)
+    return StepResult.sampled([p.seq_id for p in plans], tokens, lp)
 
 
 def prefill_graph_shapes(

@@ -1,20 +1,31 @@
 """One forward's input and output as plain data: `StepRows` packed into one int64 buffer (one
 host->device copy), unpacked into a `ForwardBatch` by views; `StepOut` with the hidden rows,
-logits and greedy choice."""
+logits and greedy choice. It imports nothing else of the engine (the graphs, the runner and the
+speculative decoder all build on it)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from ninfer.model.cache import ForwardBatch
 
-if TYPE_CHECKING:
-    from ninfer.engine.plan import DecodeRow
+
+class RowAt(Protocol):
+    """Where a decode row feeds from (what `StepRows.for_decode` reads of a `plan.DecodeRow`)."""
+
+    @property
+    def position(self) -> int: ...  # tokens already cached
+    @property
+    def slot(self) -> int: ...  # the live GDN slot
+    @property
+    def pages(self) -> list[int]: ...
+    @property
+    def rope_delta(self) -> int: ...  # a multimodal prompt's offset on all three position streams
 
 
 @dataclass
@@ -34,7 +45,7 @@ class StepRows:
 
     @classmethod
     def for_decode(
-        cls, rows: Sequence[DecodeRow], inputs: list[list[int]], writes: list[list[int]] | None = None
+        cls, rows: Sequence[RowAt], inputs: list[list[int]], writes: list[list[int]] | None = None
     ) -> StepRows:
         """Decode rows fed `inputs` [B][q] from their positions into their live slots (offsets
         only when some row carries a multimodal rope_delta)."""

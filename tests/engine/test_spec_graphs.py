@@ -44,7 +44,7 @@ def _run(eng: Engine, reqs: list[GenerationRequest]) -> list[tuple[list[int], An
 
 
 class TrunkCalls:
-    """Counts the target model's forwards, by where they happen (decode round / finalize / other)."""
+    """Counts the target model's forwards, by where they happen (decode round / settle / other)."""
 
     def __init__(self, eng: Engine) -> None:
         self.where = "other"
@@ -60,23 +60,21 @@ class TrunkCalls:
 
         model.forward = forward
         self._restore = lambda: model.__dict__.pop("forward")
-        inner_decode = spec.decode
+        inner_decode, inner_settle = spec.decode, spec.settle
 
         def decode(plan):
             self.where = "decode"
             result = inner_decode(plan)
             self.where = "other"
-            inner_finalize = result.spec._finalize
-
-            def finalize(committed):
-                self.where = "finalize"
-                inner_finalize(committed)
-                self.where = "other"
-
-            result.spec._finalize = finalize
             return result
 
-        spec.decode = decode
+        def settle(result, committed):
+            self.where = "settle"
+            done = inner_settle(result, committed)
+            self.where = "other"
+            return done
+
+        spec.decode, spec.settle = decode, settle
 
     def close(self) -> None:
         self._restore()
@@ -84,7 +82,7 @@ class TrunkCalls:
 
 def test_rejected_rounds_commit_their_state_without_an_extra_forward(model) -> None:
     """MTP drafts of a random head are mostly rejected: every round costs at most one plain and one
-    verify forward, finalize runs none, and the tokens equal spec off (a wrong GDN state would
+    verify forward, settle runs none, and the tokens equal spec off (a wrong GDN state would
     change the tiny long-memory model's greedy continuation)."""
     want = [t for t, _, _ in _run(Engine(model, BASE).start(), _requests(False))]
     eng = Engine(model, replace(BASE, spec_method="mtp", draft_tokens=K))
@@ -97,7 +95,7 @@ def test_rejected_rounds_commit_their_state_without_an_extra_forward(model) -> N
     drafted = sum(st.speculative["drafted_tokens"] for _, st, _ in got)
     accepted = sum(st.speculative["accepted_tokens"] for _, st, _ in got)
     assert 0 < accepted < drafted  # some rounds accepted drafts, some rejected them
-    assert not [c for c in calls.calls if c[0] == "finalize"]
+    assert not [c for c in calls.calls if c[0] == "settle"]
     decode = [c for c in calls.calls if c[0] == "decode"]
     verify = [c for c in decode if c[2] > 1]
     assert verify and all(q == K + 1 and writes for _, _, q, _, writes in verify)
@@ -158,7 +156,7 @@ def test_verify_graphs_equal_eager_rounds_with_mixed_acceptance(model, drafter: 
     assert {q for _, q in replays} == {1, K + 1}
     in_rounds = [c for c in calls.calls if c[0] != "other"]
     assert in_rounds and all(kv_len is None for _, _, _, kv_len, _ in in_rounds)
-    assert not [c for c in calls.calls if c[0] == "finalize"]
+    assert not [c for c in calls.calls if c[0] == "settle"]
     if not sampled:
         base = _run(Engine(model, BASE).start(), reqs)
         assert [t for t, _, _ in got] == [t for t, _, _ in base]

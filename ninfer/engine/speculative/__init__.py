@@ -11,9 +11,11 @@ Module map:
     build.py       startup checks and construction from EngineConfig
     load.py        loading the MTP head, proposal head or DFlash drafter from the artifact (only with --spec)
 
-Engine hooks (the only places the engine knows about speculation): the runner hands decode plans
-to `SpecDecoder.decode`, and reports slot operations and prefill hidden rows to it; the engine
-commits each row's run token by token until a stop or the length limit, then calls
-`SpecRound.finalize` with the committed counts. Grammar-constrained rows are drafted and verified
+Engine hooks (the only places the engine knows about speculation, all behind the runner): the
+runner hands decode plans to `SpecDecoder.decode`, which returns the one `StepResult` shape (a run
+of tokens per row, drafted and accepted counts), and reports slot operations and prefill hidden
+rows to it; the engine commits each row's run token by token until a stop or the length limit,
+then calls `Runner.settle` with the committed counts, which runs the round's state fix-up
+(`SpecDecoder.settle`). Grammar-constrained rows are drafted and verified
 under their masks through the sampler's lookahead (`docs/grammar.md`, "Speculative decoding").
 """

@@ -43,7 +43,10 @@ def _add(c: Counters, key: str, n: int = 1) -> None:
 
 
 def begin_row(c: Counters, drafted: int) -> None:
-    """A decode row starts committing: a verified round of `drafted` drafts, or a fallback step (0)."""
+    """A decode row starts committing: a verified round of `drafted` drafts, or a fallback step (0).
+    A request decoded without a speculative backend has no counters: nothing is counted."""
+    if not c:
+        return
     if drafted == 0:
         _add(c, "fallback_steps")
         return

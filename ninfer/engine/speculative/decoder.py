@@ -26,9 +26,8 @@ a static graph buffer that the next replay of the same q overwrites: a drafter c
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -87,27 +86,18 @@ def copy_slots(states: StatePool, pairs: list[tuple[int, int]]) -> None:
 
 
 @dataclass
-class SpecRound:
-    """Per row of a decode plan: the tokens offered for commit (`runs`), drafts verified (0 for a
-    plain fallback step) and drafts accepted. `finalize(committed)` must be called once the engine
-    has committed: committed[i] = tokens row i committed, or None when its state is not retained.
-    `logprobs[i]`: one entry per token of runs[i] for a row that asked for logprobs, else None."""
+class Unsettled:
+    """A verified round's state fix-up, left for `SpecDecoder.settle` once its tokens are
+    committed: per verified row j (plan row spec[j]), its lane's scratch slots, the k + 1 inputs
+    fed and their hidden rows [S, k+1, H] (a view the next replay of the same q overwrites: the
+    fix-up runs before the next step)."""
 
-    runs: list[list[int]]
-    drafted: list[int]
-    accepted: list[int]
-    device: torch.device
-    _finalize: Callable[[list[int | None]], None] = field(repr=False)
-    logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)
-
-    def finalize(self, committed: list[int | None]) -> float:
-        """Bring every retained row's state to its committed tokens; returns the seconds spent."""
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            self._finalize(committed)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter() - t0
+    result: StepResult  # the round's result: settled only with it
+    spec: list[int]  # plan rows verified, in verify-batch order
+    rows: list[DecodeRow]  # [S] those rows
+    scratch: list[tuple[int, ...]]  # [S] each lane's k scratch slots
+    inputs: list[list[int]]  # [S][k+1] tokens fed: [t_last, d_1..d_k]
+    hidden: torch.Tensor  # [S, k+1, H]
 
 
 class SpecDecoder:
@@ -135,6 +125,7 @@ class SpecDecoder:
         self.device = device
         self.graphable = graphable
         self._forward: Forward | None = None
+        self._unsettled: Unsettled | None = None  # the last round's fix-up, until `settle`
 
     @property
     def backend(self) -> str:
@@ -240,34 +231,41 @@ class SpecDecoder:
             ):
                 logprobs[i] = reported
 
-        def finalize(committed: list[int | None]) -> None:
-            copies: list[tuple[int, int]] = []
-            kept: list[tuple[int, int]] = []  # (row of the verify batch, committed tokens)
-            for j, i in enumerate(spec):
-                c = committed[i]
-                if c is None:
-                    continue
-                if not 1 <= c <= len(runs[i]):
-                    raise ValueError(f"row {i}: {c} tokens committed of a run of {len(runs[i])}")
-                if c < k + 1:  # the state after input c-1 was written to scratch[c-1]
-                    copies.append((scratch[j][c - 1], srows[j].slot))
-                kept.append((j, c))
-            copy_slots(self.states, copies)
-            ropes = self._ropes(srows, k + 1) if kept else None  # [3, S, k+1]
-            for j, c in kept:
-                r = srows[j]
-                self.drafter.after_forward(
-                    r.slot,
-                    r.position,
-                    inputs[j][:c],
-                    hidden[j, :c],
-                    ropes[:, j, :c],  # type: ignore[index]
-                    r.pages,
-                    catch_up=False,
-                )
+        ids = [r.seq_id for r in rows]
+        result = StepResult(ids, runs, logprobs=logprobs, drafted=drafted, accepted=accepted)
+        self._unsettled = Unsettled(result, spec, srows, scratch, inputs, hidden)
+        return result
 
-        return StepResult(
-            seq_ids=[r.seq_id for r in rows],
-            tokens=[run[0] for run in runs],
-            spec=SpecRound(runs, drafted, accepted, self.device, finalize, logprobs),
-        )
+    def settle(self, result: StepResult, committed: list[int | None]) -> bool:
+        """Bring every retained row of `result`'s round to its committed tokens: committed[i] =
+        tokens plan row i committed, or None when its state is not retained. False when `result`
+        is not the round left unsettled (nothing to do)."""
+        u, k = self._unsettled, self.k
+        if u is None or u.result is not result:
+            return False
+        self._unsettled = None
+        copies: list[tuple[int, int]] = []
+        kept: list[tuple[int, int]] = []  # (row of the verify batch, committed tokens)
+        for j, i in enumerate(u.spec):
+            c = committed[i]
+            if c is None:
+                continue
+            if not 1 <= c <= len(result.runs[i]):
+                raise ValueError(f"row {i}: {c} tokens committed of a run of {len(result.runs[i])}")
+            if c < k + 1:  # the state after input c-1 was written to scratch[c-1]
+                copies.append((u.scratch[j][c - 1], u.rows[j].slot))
+            kept.append((j, c))
+        copy_slots(self.states, copies)
+        ropes = self._ropes(u.rows, k + 1) if kept else None  # [3, S, k+1]
+        for j, c in kept:
+            r = u.rows[j]
+            self.drafter.after_forward(
+                r.slot,
+                r.position,
+                u.inputs[j][:c],
+                u.hidden[j, :c],
+                ropes[:, j, :c],  # type: ignore[index]
+                r.pages,
+                catch_up=False,
+            )
+        return True
