@@ -89,9 +89,6 @@ def projections(smoke: bool) -> list[QProj]:
     ]
 
 
-AGAINST_TABLE = False  # --against-table
-
-
 def lanes_candidates() -> list[Any]:
     """`qgemv_lanes` (one row, groupwise formats): rows a thread x warps, 128 words a row an iteration."""
     from ninfer.kernels.triton.qgemv import QGemvConfig
@@ -113,12 +110,12 @@ def mma_candidates() -> list[Any]:
     ]
 
 
-def candidates(m: int, quick: bool, fmt: str, table_cfg: Any = None) -> list[Any]:
+def candidates(m: int, quick: bool, fmt: str, table_cfg: Any = None, against_table: bool = False) -> list[Any]:
     """Configs swept at M rows: block_n, stages, use_dot, groups per iteration, lane layout."""
     from ninfer.kernels.triton.qgemv import QGemvConfig
 
     mma = mma_candidates() if m <= 8 and fmt in ("q4_g64", "q5_g64", "q6_g64") else []
-    if AGAINST_TABLE and table_cfg is not None:  # the table's config, and the Gluon kernels where they apply
+    if against_table and table_cfg is not None:  # the table's config, and the Gluon kernels where they apply
         return [table_cfg] + (lanes_candidates() if m == 1 and fmt != "fp8_e4m3_b128" else []) + mma
 
     fp8 = fmt == "fp8_e4m3_b128"
@@ -211,7 +208,9 @@ def _time(fn: Any, x: torch.Tensor, weights: list[Any], calls: int, cuda: bool, 
     return statistics.median(times)
 
 
-def bench(p: QProj, rows: tuple[int, ...], device: str, smoke: bool, quick: bool) -> list[dict[str, Any]]:
+def bench(
+    p: QProj, rows: tuple[int, ...], device: str, smoke: bool, quick: bool, against_table: bool = False
+) -> list[dict[str, Any]]:
     from ninfer.kernels.triton import qgemv
 
     cuda = device == "cuda"
@@ -229,7 +228,7 @@ def bench(p: QProj, rows: tuple[int, ...], device: str, smoke: bool, quick: bool
         entry = qgemv._table().get(qgemv.table_key(p.fmt, p.n, p.k, m))
         table_cfg = qgemv.QGemvConfig(**entry) if entry is not None else None
         swept = []
-        for cfg in candidates(m, quick or smoke, p.fmt, table_cfg):
+        for cfg in candidates(m, quick or smoke, p.fmt, table_cfg, against_table):
             if cfg is table_cfg:
                 swept.append(cfg)
                 continue
@@ -344,8 +343,6 @@ def main(argv: list[str] | None = None) -> int:
         help="one row only: each shape's table config against the qgemv_lanes candidates (few compiles)",
     )  # fmt: skip
     args = ap.parse_args(argv)
-    global AGAINST_TABLE
-    AGAINST_TABLE = args.against_table
     if args.smoke:
         from ninfer.kernels.triton.interpreter_fixes import patch_interpreter
 
@@ -361,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     result.update(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", smoke=args.smoke,
                   copy_TBps=COPY_TBPS, rows=[], bf16=[])  # fmt: skip
     for p in projections(args.smoke):
-        result["rows"] += bench(p, rows_m, device, args.smoke, args.quick)
+        result["rows"] += bench(p, rows_m, device, args.smoke, args.quick, args.against_table)
         if device == "cuda" and p.model.endswith("groupwise-int") and p.model.startswith("qwen3.6-27b"):
             result["bf16"] += bf16_reference(p, rows_m, device)
         print(f"{p.model} {p.name}: done ({time.perf_counter() - t0:.0f}s)", flush=True)

@@ -276,33 +276,37 @@ def qgemv(x: torch.Tensor, w: QuantWeight, config: QGemvConfig | None = None) ->
         return y.view(*lead, n)
     groups = w.scale.shape[1] if fmt < 4 else triton.cdiv(k, 128)
     cfg = config or pick_config(m, n, groups, w.fmt.name, x.dtype, k=k)
+    use_mma = bool(cfg.mma_tiles) and m <= qgemv_mma.MAX_ROWS and not _INTERPRET and qgemv_mma.supported(x2, fmt)
+    if cfg.mma_tiles and not use_mma and config is None:  # the table's mma entry does not apply: the shape's heuristic
+        cfg = pick_config(m, n, groups, w.fmt.name, x.dtype, k=k, table=False)
     if cfg.block_m < m:
         raise ValueError(f"config block_m {cfg.block_m} < rows {m}")
+    if m == 1 and cfg.words and fmt < 4 and not use_mma:
+        _launch_words(x2, w, y, cfg, fmt, n, k)
+        return y.view(*lead, n)
     per_split = triton.cdiv(groups, cfg.split)
     split = triton.cdiv(groups, per_split)
     out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    use_mma = cfg.mma_tiles and m <= qgemv_mma.MAX_ROWS and not _INTERPRET and qgemv_mma.supported(x2, fmt)
-    if cfg.mma_tiles and not use_mma and config is None:  # the table's mma entry does not apply: the shape's heuristic
-        cfg = pick_config(m, n, groups, w.fmt.name, x.dtype, k=k, table=False)
-        per_split = triton.cdiv(groups, cfg.split)
-        split = triton.cdiv(groups, per_split)
-        out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     if use_mma:
         base32 = w.base.view(torch.int32)
-        high = base32 if w.high is None else (w.high.view(torch.int16) if fmt == 2 else w.high)
         qgemv_mma.launch_mma(
-            x2, w, base32, high, out, fmt, m, n, k, groups, per_split, split, cfg.mma_tiles, cfg.num_warps, cfg.gps,
-            pdl.launch(x2),
+            x2, w, base32, _high_plane(w, fmt, base32), out, fmt, m, n, k, groups, per_split, split,
+            cfg.mma_tiles, cfg.num_warps, cfg.gps, pdl.launch(x2),
         )  # fmt: skip
-    elif m == 1 and cfg.words and fmt < 4:
-        _launch_words(x2, w, y, cfg, fmt, n, k)
-        return y.view(*lead, n)
     else:
         _launch_general(x2, w, out, cfg, fmt, m, n, k, groups, per_split, split)
     if split > 1:
         block = 1024
         _split_sum_kernel[(triton.cdiv(m * n, block),)](out, y, m * n, SPLIT=split, BLOCK=block, num_warps=4, **pdl.launch(x2))
     return y.view(*lead, n)
+
+
+def _high_plane(w: QuantWeight, fmt: int, base32: torch.Tensor) -> torch.Tensor:
+    """The high-bit plane as the word kernels read it: a byte a word (Q5), a halfword a word (Q6);
+    the base plane stands in when the format has none (never read)."""
+    if w.high is None:
+        return base32
+    return w.high.view(torch.int16) if fmt == 2 else w.high
 
 
 def _launch_general(
@@ -349,12 +353,7 @@ def _launch_words(x2: torch.Tensor, w: QuantWeight, y: torch.Tensor, cfg: QGemvC
     chunks = rw // bkw
     per_split = triton.cdiv(chunks, max(1, min(cfg.split, chunks)))
     split = triton.cdiv(chunks, per_split)
-    if w.high is None:
-        high = base32
-    elif fmt == 2:
-        high = w.high.view(torch.int16)  # halfword j: word j's high bits
-    else:
-        high = w.high
+    high = _high_plane(w, fmt, base32)
     out = y if split == 1 else torch.empty((split, 1, n), dtype=torch.float32, device=x2.device)
     if cfg.thread_rows and x2.is_cuda and not _INTERPRET:
         launch_lanes(x2, w, base32, high, out, fmt, n, k, bkw, cfg.thread_rows, cfg.num_warps, split, pdl.launch(x2))

@@ -36,7 +36,7 @@ FLIP = 0x3FC00000  # 1.0's exponent with the top code bit flipped: v = 1 + (q + 
 
 
 @gluon.jit
-def _pdl_enter(PDL: gl.constexpr):
+def pdl_enter(PDL: gl.constexpr):
     """`pdl.pdl_enter` for Gluon: trigger the dependents, then wait for the kernel before."""
     if PDL:
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
@@ -79,7 +79,7 @@ def qgemv_lanes_kernel(
     EVEN_K: gl.constexpr,  # K is the padded row length: no lane of x is masked (vector loads)
     PDL: gl.constexpr,
 ):  # fmt: skip
-    _pdl_enter(PDL)
+    pdl_enter(PDL)
     LANES: gl.constexpr = 8 if FMT < 3 else 4
     MULT: gl.constexpr = 16.0 if FMT == 0 else (32.0 if FMT == 1 else (64.0 if FMT == 2 else 256.0))
     TR: gl.constexpr = 32 // Q  # threads of a warp along rows when a row's iteration has fewer than 32 quads

@@ -25,22 +25,18 @@ build in `tests/kernels/test_qgemv_mma.py`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ninfer.formats import QuantWeight
+from ninfer.kernels.triton.qgemv_lanes import pdl_enter
 
 MAX_ROWS = 8  # the mma's N: batch rows of x
 TILE_ROWS = 16  # the mma's M: rows of W a warp tile
-
-
-@gluon.jit
-def _pdl_enter(PDL: gl.constexpr):
-    if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -141,7 +137,7 @@ def qgemv_mma_kernel(
     EVEN_K: gl.constexpr,  # K a multiple of 64: no lane of x is masked
     PDL: gl.constexpr,
 ):  # fmt: skip
-    _pdl_enter(PDL)
+    pdl_enter(PDL)
     WT: gl.constexpr = WARPS * T
     BLOCK_N: gl.constexpr = WT * 16
     L4: gl.constexpr = gl.BlockedLayout([T, 1, 1, 2], [1, 8, 4, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
@@ -242,15 +238,16 @@ def qgemv_mma_kernel(
     gl.store(y_base + (col + 1) * sy + row_hi, acc3.to(y_ptr.dtype.element_ty), mask=out_hi & (col + 1 < M))
 
 
+@functools.cache
+def _has_bf16_mma(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (8, 0)
+
+
 def supported(x: torch.Tensor, fmt: int) -> bool:
     """Whether `qgemv_mma` can take this call: Q4 / Q5 / Q6, bf16 x, sm_80 or newer, K even."""
-    return (
-        fmt < 3
-        and x.dtype == torch.bfloat16
-        and x.is_cuda
-        and x.shape[-1] % 2 == 0
-        and torch.cuda.get_device_capability(x.device) >= (8, 0)
-    )
+    if fmt >= 3 or x.dtype != torch.bfloat16 or not x.is_cuda or x.shape[-1] % 2:
+        return False
+    return _has_bf16_mma(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
 def launch_mma(
