@@ -168,11 +168,13 @@ class Pipeline:
         except Exception as exc:
             if prepared is not None and handle is None:
                 prepared.release_media()  # the engine never took the payloads
-            if ticket is not None:
-                ticket.release()
             error = engine_error(exc)
             error.request_id = request_id
-            self.observer.rejected(request_id, job, error, time.monotonic() - t0)
+            try:  # logged while the ticket is live: a throughput report after release follows the log
+                self.observer.rejected(request_id, job, error, time.monotonic() - t0)
+            finally:
+                if ticket is not None:
+                    ticket.release()
             raise error from exc
         self.observer.started(request_id, job, prepared, request, handle.stats)
         gen = Generation(request_id, job, prepared, handle, ticket, decoder, self, caller.client_gone)
@@ -353,7 +355,10 @@ class Generation:
         return self._handle.stats
 
     def close(self) -> None:
-        """Cancel an unfinished request, release its ticket and report it exactly once."""
+        """Cancel an unfinished request, report it exactly once, then release its ticket.
+
+        The report comes first: a live ticket keeps the throughput reporter busy, so the report
+        that shows the server settled is written after this request's `request_done`."""
         if self._closed:
             return
         self._closed = True
@@ -362,8 +367,10 @@ class Generation:
                 self._handle.cancel()
                 self._await_cancel()
         finally:
-            self._ticket.release()
-            self._report()
+            try:
+                self._report()
+            finally:
+                self._ticket.release()
 
     def _await_cancel(self) -> None:
         """Read the cancelled request to its end (the engine acknowledges at its next step

@@ -9,11 +9,19 @@ exactly as in `Engine`.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
 
+import falcon.testing
+
+from ninfer.api.context import ApiContext, ServedModel
+from ninfer.api.pipeline import Pipeline
+from ninfer.api.prompting import FrontendPrompts
+from ninfer.artifact import ensure_demo_artifact, open_artifact
 from ninfer.bootstrap import engine_config
+from ninfer.config import load_settings
 from ninfer.engine.counters import Counters
 from ninfer.engine.grammar import GrammarUnavailable
 from ninfer.engine.handle import RequestHandle
@@ -28,6 +36,8 @@ from ninfer.engine.types import (
     RequestStats,
     StepOutput,
 )
+from ninfer.frontend.options import ServerDefaults
+from ninfer.service.app import create_app
 from ninfer.text.detok import IncrementalDetokenizer
 from ninfer.text.tokenizer import Tokenizer
 
@@ -165,3 +175,27 @@ class FakeEngine:
 
     def shutdown(self, drain_timeout_s: float) -> None:
         pass
+
+
+def scripted_app(
+    overrides: list[str], observer: Any, model: str, response_store: Any = None
+) -> tuple[falcon.testing.TestClient, FakeEngine]:
+    """The service's Falcon app on the demo artifact's tokenizer and template, over a scripted
+    engine (no step delay), `observer`'s request reports and, if given, `response_store`."""
+    settings = load_settings(overrides)
+    artifact = open_artifact(ensure_demo_artifact())
+    engine = FakeEngine(settings, artifact)
+    engine.step_s = 0.0
+    prompts = FrontendPrompts(
+        artifact.chat_template, Tokenizer.from_file(artifact.tokenizer_path), ServerDefaults()
+    )
+    ids = itertools.count(1)
+    ctx = ApiContext()
+    served = ServedModel(model, settings.engine.max_context, prompts.caps.efforts)
+    ctx.serve(served, Pipeline(engine, prompts, observer, lambda: next(ids)))
+    if response_store is not None:
+        ctx.response_store = response_store  # type: ignore[attr-defined]
+    app = create_app(
+        ctx, lambda: (200, {"status": "ok"}), api_key=None, cors=False, max_request_bytes=1 << 20
+    )
+    return falcon.testing.TestClient(app), engine

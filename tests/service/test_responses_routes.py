@@ -3,24 +3,15 @@ LRU eviction through the API and the store-capacity failure on both the JSON and
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import falcon.testing
 import pytest
-from fake_engine import FakeEngine
+from fake_engine import scripted_app
 
-from ninfer.api.context import ApiContext, ServedModel
-from ninfer.api.pipeline import Pipeline
-from ninfer.api.prompting import FrontendPrompts
 from ninfer.api.responses.store import ResponseStore
-from ninfer.artifact import ensure_demo_artifact, open_artifact
-from ninfer.config import load_settings
-from ninfer.frontend.options import ServerDefaults
-from ninfer.service.app import create_app
-from ninfer.text.tokenizer import Tokenizer
 
 MODEL = "ninfer-demo"
 
@@ -34,24 +25,10 @@ class NullObserver:
 
 @pytest.fixture(scope="module")
 def app_parts() -> Iterator[tuple[falcon.testing.TestClient, ResponseStore]]:
-    settings = load_settings(["engine.max_context=512", "engine.default_max_tokens=64"])
-    artifact = open_artifact(ensure_demo_artifact())
-    engine = FakeEngine(settings, artifact)
-    engine.step_s = 0.0
-    engine.start()
-    prompts = FrontendPrompts(
-        artifact.chat_template, Tokenizer.from_file(artifact.tokenizer_path), ServerDefaults()
-    )
-    ids = itertools.count(1)
-    pipeline = Pipeline(engine, prompts, NullObserver(), lambda: next(ids))
-    ctx = ApiContext()
-    ctx.serve(ServedModel(MODEL, 512, prompts.caps.efforts), pipeline)
     store = ResponseStore(max_records=2, max_mib=1)
-    ctx.response_store = store  # type: ignore[attr-defined]
-    app = create_app(
-        ctx, lambda: (200, {"status": "ok"}), api_key=None, cors=False, max_request_bytes=1 << 20
-    )
-    yield falcon.testing.TestClient(app), store
+    overrides = ["engine.max_context=512", "engine.default_max_tokens=64"]
+    client, _ = scripted_app(overrides, NullObserver(), MODEL, response_store=store)
+    yield client, store
 
 
 def create(client: falcon.testing.TestClient, **body: Any) -> falcon.testing.Result:

@@ -301,7 +301,8 @@ def _wait_for(srv: Server, done: Callable[[list[dict]], bool], timeout_s: float 
         events = srv.events()
         if done(events):
             return events
-        assert time.monotonic() < deadline, "the request log never reached the expected state"
+        tail = [(e["event"], e.get("media_live_bytes"), e.get("finish_reason")) for e in events[-12:]]
+        assert time.monotonic() < deadline, f"the request log never reached the expected state: {tail}"
         time.sleep(0.1)
 
 
