@@ -22,10 +22,12 @@ from ninfer.config.groups import ColdTierSettings, SpecSettings
 from ninfer.engine.config import DEFAULT_DRAFT_TOKENS, EngineConfig, SamplingOverrides
 from ninfer.engine.engine import Engine
 from ninfer.engine.grammar import Grammars
+from ninfer.engine.speculative.build import Drafters
 from ninfer.engine.speculative.draft_head import DraftHead
 from ninfer.engine.stops import Detokenizer
 from ninfer.engine.types import EngineConfigError
 from ninfer.kernels.dispatch import get_ops
+from ninfer.model.dflash import DFlashDrafter
 from ninfer.model.qwen35 import Qwen35Model
 from ninfer.model.weights import load_model
 from ninfer.text.detok import IncrementalDetokenizer
@@ -43,10 +45,12 @@ def unsupported_formats(artifact: Artifact, capability: tuple[int, int] | None) 
 
 def build_engine(settings: Settings, artifact: Artifact) -> Engine:
     """Load the artifact's text model (and what --spec and --vision need) and build the engine."""
-    model, config, detok, draft_head = engine_parts(settings, artifact)
+    model, config, detok, drafters = engine_parts(settings, artifact)
     grammars = Grammars(artifact.tokenizer_path, model.config.vocab_size, set(model.config.eos_token_ids))
     vision = vision_tower(artifact, config) if settings.vision.enabled else None
-    return Engine(model, config, detok, draft_head, vision, grammars=grammars)
+    return Engine(
+        model, config, detok, drafters.draft_head, vision, grammars=grammars, dflash=drafters.dflash
+    )
 
 
 def engine_for_model(settings: Settings, model: Qwen35Model, tokenizer: Tokenizer | None = None) -> Engine:
@@ -139,9 +143,9 @@ def cold_tier_fields(ct: ColdTierSettings) -> dict[str, Any]:
 
 def engine_parts(
     settings: Settings, artifact: Artifact
-) -> tuple[Qwen35Model, EngineConfig, Callable[[], Detokenizer], DraftHead | None]:
-    """Load the text model (plus, with --spec mtp, the MTP head and optional proposal head) on the
-    configured device and dtype; build the config and detokenizer."""
+) -> tuple[Qwen35Model, EngineConfig, Callable[[], Detokenizer], Drafters]:
+    """Load the text model (plus, with --spec, the MTP head and optional proposal head or the
+    DFlash drafter) on the configured device and dtype; build the config and detokenizer."""
     es = settings.engine
     device = es.torch_device(torch.cuda.is_available())
     dtype = es.torch_dtype(device != "cpu")
@@ -151,10 +155,10 @@ def engine_parts(
     tensors = artifact.load_tensors("text", device=device)
     model = load_model(artifact.config, tensors, _DTYPES[dtype], device, ops=ops, consume=True)
     del tensors
-    draft_head = load_spec_weights(settings.spec, artifact, model, _DTYPES[dtype], device)
+    drafters = load_spec_weights(settings.spec, artifact, model, _DTYPES[dtype], device)
     tokenizer = Tokenizer.from_file(artifact.tokenizer_path)
     config = engine_config(settings, artifact, device, dtype, vocab_limit=tokenizer.vocab_size)
-    return model, replace(config, **think_close_fields(tokenizer)), detokenizer_factory(tokenizer), draft_head
+    return model, replace(config, **think_close_fields(tokenizer)), detokenizer_factory(tokenizer), drafters
 
 
 THINK_CLOSE = "\n</think>\n\n"  # how the official templates close a turn's reasoning
@@ -170,38 +174,37 @@ def think_close_fields(tokenizer: Tokenizer) -> dict[str, Any]:
 
 def load_spec_weights(
     spec: SpecSettings, artifact: Artifact, model: Qwen35Model, dtype: torch.dtype, device: str | torch.device
-) -> DraftHead | None:
-    """Attach the MTP head (spec.method == "mtp", and the proposal head if asked) or the DFlash drafter
-    (spec.method == "dflash") to `model`; nothing without --spec (residency is frozen at startup)."""
+) -> Drafters:
+    """Load what --spec needs: the MTP head into `model` (spec.method == "mtp") and the proposal
+    head if asked, or the DFlash drafter (spec.method == "dflash"), both returned for the engine;
+    nothing without --spec (residency is frozen at startup)."""
     if spec.method is None:
-        return None
+        return Drafters()
     if spec.method == "dflash":
-        load_dflash_drafter(artifact, model, dtype, device)
         if spec.lm_head_draft:
             raise EngineConfigError("spec.lm_head_draft applies to spec mtp only, not dflash")
-        return None
+        return Drafters(dflash=load_dflash_drafter(artifact, dtype, device))
     from ninfer.model.weights import load_mtp
 
     if not artifact.has_component("mtp"):
         raise EngineConfigError("spec.method=mtp: this artifact carries no MTP head")
     load_mtp(artifact.config, artifact.load_tensors("mtp", device=device), model, dtype, device)
     if not spec.lm_head_draft:
-        return None
+        return Drafters()
     if not artifact.has_component("lm_head_draft"):
         raise EngineConfigError(
             "spec.lm_head_draft: this artifact has no 'lm_head_draft' component "
             "(add one with `python -m ninfer.artifact lm-head-draft`)"
         )
     cfg = artifact.config
-    return DraftHead.from_tensors(
+    head = DraftHead.from_tensors(
         artifact.load_tensors("lm_head_draft"), cfg.vocab_size, cfg.hidden_size, dtype, device, model.ops
     )
+    return Drafters(draft_head=head)
 
 
-def load_dflash_drafter(
-    artifact: Artifact, model: Qwen35Model, dtype: torch.dtype, device: str | torch.device
-) -> None:
-    """Attach the artifact's `dflash` component to `model` as `model.dflash`."""
+def load_dflash_drafter(artifact: Artifact, dtype: torch.dtype, device: str | torch.device) -> DFlashDrafter:
+    """The artifact's `dflash` component as a drafter on `device`."""
     from ninfer.artifact.dflash import COMPONENT, read_dflash_config
     from ninfer.model.dflash import load_dflash
 
@@ -212,7 +215,7 @@ def load_dflash_drafter(
         )
     try:
         cfg = read_dflash_config(artifact.path)
-        model.dflash = load_dflash(cfg, artifact.load_tensors(COMPONENT), dtype, device)
+        return load_dflash(cfg, artifact.load_tensors(COMPONENT), dtype, device)
     except ValueError as exc:
         raise EngineConfigError(f"spec.method=dflash: {exc}") from None
 

@@ -5,7 +5,7 @@ A lane image holds everything a resident lane needs to continue exactly as if it
 its KV pages (K, V and int8 scales; the MTP drafter's one-layer pool on the same page ids when
 speculation is on), the GDN conv / ssm state of its live slot and of each retained checkpoint slot,
 the MTP drafter's pending rows of those slots (tokens, hidden rows, rotary positions), and on the
-host the token ledger, computed frontier, checkpoint positions and media span keys. A parked image
+host the token ledger, cached frontier, checkpoint positions and media span keys. A parked image
 matches a prompt by the same rule as a resident lane (`match_lane`), so a restored lane resumes
 through the ordinary reuse paths.
 
@@ -139,7 +139,7 @@ class ColdTier:
                 live_slot=-1,
                 checkpoint_slots={},
                 tokens=list(lane.tokens),
-                computed=lane.computed,
+                cached=lane.cached,
                 checkpoints=dict(lane.checkpoints),
                 media=tuple(lane.media),
             )
@@ -149,7 +149,7 @@ class ColdTier:
                 self.store.put(specs, pieces, meta, self.stream)
         except Exception as exc:  # best effort: an image that cannot be stored is dropped
             self.counters.park_failures += 1
-            log.warning("cold tier: park of a %d-token lane failed: %s", lane.computed, exc)
+            log.warning("cold tier: park of a %d-token lane failed: %s", lane.cached, exc)
             return False
         self.counters.parks += 1
         return True
@@ -212,7 +212,7 @@ class ColdTier:
         probe = meta.probe
         lane.pages = list(pages)
         lane.tokens = list(probe.tokens)
-        lane.computed = probe.computed
+        lane.cached = probe.cached
         lane.checkpoints = dict(probe.checkpoints)
         lane.media = tuple(probe.media)
         self._jobs[seq_id] = job

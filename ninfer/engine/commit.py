@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ninfer.engine.counters import Counters
-from ninfer.engine.handle import Outbox, RequestHandle
+from ninfer.engine.handle import Outbox
 from ninfer.engine.plan import DecodePlan, PrefillPlan, StepResult
+from ninfer.engine.request import DECODE, Request
 from ninfer.engine.retire import Retirer
-from ninfer.engine.scheduler import DECODE, Scheduler, Seq
+from ninfer.engine.scheduler import Scheduler
 from ninfer.engine.speculative import counters as spec_counters
 from ninfer.engine.types import FinishReason, StepOutput, TokenLogprob
 
@@ -24,8 +25,6 @@ class Committer:
         scheduler: Scheduler,
         counters: Counters,
         retirer: Retirer,
-        seqs: dict[int, Seq],
-        handles: dict[int, RequestHandle],
         outbox: Outbox,
         settle: Settle,
     ) -> None:
@@ -34,35 +33,33 @@ class Committer:
         self.scheduler = scheduler
         self.counters = counters
         self.retirer = retirer
-        self.seqs = seqs
-        self.handles = handles
 
     def prefill(self, plans: list[PrefillPlan], result: StepResult, now: float) -> None:
         """Account the prefill chunks of one step (one request's, or several in one replay); a
         request's final chunk samples its first token."""
         first = {sid: i for i, sid in enumerate(result.seq_ids)}  # rows that sampled
         for plan in plans:
-            seq = self.seqs[plan.seq_id]
-            self.scheduler.prefill_done(seq, plan)
-            seq.stats.computed_prefill_tokens += len(plan.tokens)
-            seq.stats.vision_s += result.vision_seconds
-            if seq.phase == DECODE:
-                self.retirer.drop_media(seq)  # the prompt is in the cache: its payloads are not needed
+            req = self.scheduler.by_id[plan.seq_id]
+            self.scheduler.prefill_done(req, plan)
+            req.stats.computed_prefill_tokens += len(plan.tokens)
+            req.stats.vision_s += result.vision_seconds
+            if req.phase == DECODE:
+                self.retirer.drop_media(req)  # the prompt is in the cache: its payloads are not needed
             if result.prompt_logprobs is not None:
-                seq.prompt_lps.extend(result.prompt_logprobs)
+                req.prompt_lps.extend(result.prompt_logprobs)
             scored = None
-            if seq.phase == DECODE and plan.prompt_logprobs is not None:
-                scored = tuple(seq.prompt_lps)
+            if req.phase == DECODE and plan.prompt_logprobs is not None:
+                scored = tuple(req.prompt_lps)
             i = first.get(plan.seq_id)
             if i is not None:
-                seq.t_first = now
+                req.t_first = now
                 lps = result.logprobs[i] if result.logprobs else None
                 (token,) = result.runs[i]  # a prompt's first token
-                self.token(seq, token, now, lp=None if lps is None else lps[0], prompt_lps=scored)
-            elif seq.phase == DECODE and seq.entitlement == 0:  # scoring only: no token is generated
-                seq.t_first = now
+                self.token(req, token, now, lp=None if lps is None else lps[0], prompt_lps=scored)
+            elif req.phase == DECODE and req.entitlement == 0:  # scoring only: no token is generated
+                req.t_first = now
                 out = StepOutput(token_ids=(), finish_reason="length", text="", prompt_logprobs=scored)
-                self.retirer.end(seq, out, keep=False)
+                self.retirer.end(req, out, keep=False)
         self.counters.add(prefill_tokens=sum(len(p.tokens) for p in plans), prefill_seconds=result.seconds)
 
     def decode(self, plan: DecodePlan, result: StepResult, now: float, ahead: bool = False) -> None:
@@ -75,24 +72,24 @@ class Committer:
         decoded, rows = 0, 0
         committed: list[int | None] = []  # per row: tokens committed, None where no lane state is retained
         for i, sid in enumerate(result.seq_ids):
-            seq = self.seqs.get(sid)
-            if seq is None:  # finished while this round was in flight: its tokens are void
+            req = self.scheduler.get(sid)
+            if req is None:  # finished while this round was in flight: its tokens are void
                 committed.append(None)
                 continue
             rows += 1
             lps = result.logprobs[i] if result.logprobs else None
-            stats = seq.stats.speculative  # empty for a request decoded without drafts
+            stats = req.stats.speculative  # empty for a request decoded without drafts
             spec_counters.begin_row(stats, result.drafted[i])
             n = 0
             for token in result.runs[i]:
                 if n < result.accepted[i]:
                     spec_counters.commit_draft(stats, n)
-                self.scheduler.decode_fed(seq)
+                self.scheduler.decode_fed(req)
                 n += 1
-                if self.token(seq, token, now, ahead, None if lps is None else lps[n - 1]):
+                if self.token(req, token, now, ahead, None if lps is None else lps[n - 1]):
                     break
             decoded += n
-            retained = seq.lane is not None and seq.lane.computed > 0
+            retained = req.lane is not None and req.lane.cached > 0
             committed.append(n if retained else None)
         seconds = result.seconds
         try:  # bring each retained lane's state to exactly its committed tokens
@@ -108,7 +105,7 @@ class Committer:
 
     def token(
         self,
-        seq: Seq,
+        req: Request,
         token: int,
         now: float,
         ahead: bool = False,
@@ -117,19 +114,19 @@ class Committer:
     ) -> bool:
         """Commit one token; True when it finished the request (`ahead`: see `decode`;
         `prompt_lps`: the prompt logprobs, on the first token)."""
-        self.scheduler.commit(seq, token)
+        self.scheduler.commit(req, token)
         try:
-            text, hit = seq.stops.push(token)
+            text, hit = req.stops.push(token)
             finish: FinishReason | None = None
             if hit is not None:
                 finish = "stop"
-            elif len(seq.generated) >= seq.entitlement:
+            elif len(req.generated) >= req.entitlement:
                 finish = "length"
-                tail = seq.stops.flush()
+                tail = req.stops.flush()
                 text = None if text is None else text + (tail or "")
         except ValueError as exc:  # e.g. a token id the tokenizer cannot decode
             out = StepOutput(token_ids=(token,), finish_reason="error", error=str(exc))
-            self.retirer.end(seq, out, keep=False)
+            self.retirer.end(req, out, keep=False)
             return True
         out = StepOutput(
             token_ids=(token,),
@@ -141,9 +138,9 @@ class Committer:
             prompt_logprobs=prompt_lps,
         )
         if finish is None:
-            self.outbox.put(self.handles[seq.id], out)
+            self.outbox.put(req.handle, out)
             return False
         if ahead:  # the launched next round feeds this token: the retained state will include it
-            self.scheduler.decode_fed(seq)
-        self.retirer.end(seq, out, keep=True)
+            self.scheduler.decode_fed(req)
+        self.retirer.end(req, out, keep=True)
         return True

@@ -1,7 +1,8 @@
 """The resident engine: one thread owns the model and every device tensor.
 
 Other threads only `reserve()`, `submit()` and read/cancel their `RequestHandle`. The engine
-thread loops: take new submissions and cancellations, expire late waiters, admit in FIFO order,
+thread loops (`_tick`): take new submissions into the scheduler's table (the only table of live
+`Request` records) and apply cancellations, expire late waiters, admit in FIFO order,
 run one step (a prefill chunk of one request or one decode round of all decode-ready ones)
 through one loop, launch -> resolve -> commit (`_step`), committing tokens and checking stops.
 While the decode rows are its only work, each round is launched before the previous one is
@@ -33,10 +34,11 @@ from ninfer.engine.multimodal import MediaEncoder
 from ninfer.engine.pages import PageAllocator, pages_for
 from ninfer.engine.plan import DecodePlan, PrefillBatch, PrefillPlan, StepPlan, StepResult
 from ninfer.engine.prefix_cache import PrefixCache
+from ninfer.engine.request import DECODE, Request
 from ninfer.engine.retire import Retirer
 from ninfer.engine.runner import Runner, default_graph_segments
 from ninfer.engine.sampler import RowSampler
-from ninfer.engine.scheduler import DECODE, Scheduler, Seq, Snapshot
+from ninfer.engine.scheduler import Scheduler, Snapshot
 from ninfer.engine.sizing import SizingLedger, mtp_kv_layers, resolve_kv
 from ninfer.engine.slots import SlotLayout, make_lanes
 from ninfer.engine.speculative.build import build_spec, check_spec, draft_slots
@@ -57,6 +59,7 @@ from ninfer.model.cache import KVPool, StatePool, kv_storage_dtype
 if TYPE_CHECKING:
     from ninfer.engine.cold_tier_store import ColdTierStore
     from ninfer.engine.speculative.draft_head import DraftHead
+    from ninfer.model.dflash import DFlashDrafter
 
 log = logging.getLogger("ninfer.engine")
 
@@ -73,6 +76,7 @@ class Engine:
         vision: torch.nn.Module | None = None,
         cold_store: ColdTierStore | None = None,
         grammars: Grammars | None = None,
+        dflash: DFlashDrafter | None = None,
     ) -> None:
         self.config = config
         self.grammars = grammars  # grammar-constrained output (None: refused)
@@ -81,7 +85,7 @@ class Engine:
         self.device = torch.device(config.device)
         self.dtype = _DTYPES[config.dtype]
         self.detokenizer_factory = detokenizer_factory
-        check_spec(config, model, draft_head)
+        check_spec(config, model, draft_head, dflash)
         # vision residency is frozen here: without a tower, multimodal requests are refused
         self.media = MediaEncoder(vision, self.device) if vision is not None else None
         self.layout = SlotLayout(lanes=config.max_concurrency, draft_slots=draft_slots(config))
@@ -116,6 +120,7 @@ class Engine:
             max_pages,
             draft_head,
             cuda_graph=capture is not None,
+            dflash=dflash,
         )
         pools = lane_pools(self.kv, self.states, self.spec)  # cold tier: None when no arena is left
         self.cold_tier = build_cold_tier(config, pools, self.device, cold_store)
@@ -147,23 +152,19 @@ class Engine:
         ids = config.stop_token_ids
         self.stop_token_ids = frozenset(self.text_config.eos_token_ids if ids is None else ids)
         self._cv = threading.Condition()
-        self._inbox: list[Seq] = []
+        self._inbox: list[Request] = []  # submitted, not yet in the scheduler's table
         self._cancels: set[int] = set()
-        self._handles: dict[int, RequestHandle] = {}
-        self._seqs: dict[int, Seq] = {}  # live requests (engine thread only)
         self._next_id = 0
         self._accepting = True
         self._drain_deadline: float | None = None
         self._snapshot = self.scheduler.snapshot()
         self._outbox = Outbox()  # token outputs wait for the next step's launch (see Outbox)
         self._retire = Retirer(
-            self.scheduler, self.cache, self.allocator, self.media, self.cold_tier, self._seqs, self._handles,
-            self._outbox,
-        )  # fmt: skip
+            self.scheduler, self.cache, self.allocator, self.media, self.cold_tier, self._outbox
+        )
         self._commit = Committer(
-            self.scheduler, self.counters, self._retire, self._seqs, self._handles, self._outbox,
-            self.runner.settle,
-        )  # fmt: skip
+            self.scheduler, self.counters, self._retire, self._outbox, self.runner.settle
+        )
         self._thread: threading.Thread | None = None
         self.error: str | None = None  # set when the engine thread died; every request then fails
         self.ready = threading.Event()  # set once the engine thread finished warm-up / graph capture
@@ -220,26 +221,24 @@ class Engine:
             self._check_accepting()
             self._next_id += 1
             sid = self._next_id
-            seq = Seq(
-                id=sid,
-                request=request,
-                ticket=ticket,
-                entitlement=intake.entitlement,
-                sampler=RowSampler(
-                    intake.sampling,
-                    self.device,
-                    logprobs=request.params.logprobs,
-                    constraint=intake.constraint,
-                ),
-                stops=StopChecker(intake.stop_ids, request.params.stop, intake.detok),
-                stats=intake.stats,
-                t_submit=now,
-                compiles_at_submit=jit_watch.count(),
-            )
             handle = RequestHandle(request.request_id, ticket, intake.stats, lambda: self._cancel(sid))
-            seq.claim, seq.unclaim = handle.claim_admission, handle.release_admission
-            self._handles[sid] = handle
-            self._inbox.append(seq)
+            self._inbox.append(
+                Request(
+                    id=sid,
+                    submitted=request,
+                    handle=handle,
+                    entitlement=intake.entitlement,
+                    sampler=RowSampler(
+                        intake.sampling,
+                        self.device,
+                        logprobs=request.params.logprobs,
+                        constraint=intake.constraint,
+                    ),
+                    stops=StopChecker(intake.stop_ids, request.params.stop, intake.detok),
+                    t_submit=now,
+                    compiles_at_submit=jit_watch.count(),
+                )
+            )
             self._cv.notify()
         return handle
 
@@ -303,14 +302,20 @@ class Engine:
             self.error = error
             self._accepting = False
             queued, self._inbox = self._inbox, []
-            handles = list(self._handles.values())
-            self._handles.clear()
-        self._retire.fail_all(queued, handles, error)
+        self._retire.fail_all(queued, error)
 
     def _serve(self) -> None:
-        sched = self.scheduler
-        self.runner.capture_graphs()  # on this thread, before any sequence exists
-        sched.prefill_fit = self.runner.prefill_bucket  # short chunks of several requests: one replay
+        self._warm_up()
+        self.ready.set()
+        while self._tick():
+            pass
+
+    def _warm_up(self) -> None:
+        """Capture the graphs and warm the prefill and sampling kernels, on this thread, before
+        any request exists."""
+        self.runner.capture_graphs()
+        # short next chunks of several requests: one replay of a captured prefill graph
+        self.scheduler.prefill_fit = self.runner.prefill_bucket
         warm = self.config.prefill_warmup
         if warm or (warm is None and self.device.type == "cuda"):
             chunks = warmup_chunks(self.config.prefill_chunk, self.config.max_context)
@@ -328,48 +333,64 @@ class Engine:
             )
         self.compiles_at_ready = jit_watch.count()
         self._kernels_at_ready = jit_watch.by_name()
-        self.ready.set()
-        while True:
-            with self._cv:
-                new, self._inbox = self._inbox, []
-                cancels, self._cancels = self._cancels, set()
-                drain_deadline = self._drain_deadline
-            for seq in new:
-                self._seqs[seq.id] = seq
-                sched.enqueue(seq)
-            for sid in cancels:
-                cancelled = self._seqs.get(sid)
-                if cancelled is not None:
-                    self._retire.end(
-                        cancelled, StepOutput(token_ids=(), finish_reason="cancelled"), keep=False
-                    )
-            now = time.monotonic()
-            if drain_deadline is not None:
-                if now >= drain_deadline:
-                    for seq in list(self._seqs.values()):
-                        if seq.phase == DECODE or seq in sched.active:
-                            self._retire.end(
-                                seq, StepOutput(token_ids=(), finish_reason="cancelled"), keep=False
-                            )
-                        else:
-                            self._retire.fail(seq, EngineStopped("the engine shut down before admission"))
-                if not self._seqs:
-                    self._outbox.flush()
-                    self._snapshot = sched.snapshot()
-                    return
-            for seq in sched.expire(now):
-                waited = now - seq.ticket.created
-                self._retire.fail(seq, QueueTimeout(f"request not admitted within {waited:.3f}s"))
-            sched.admit(now)
-            self._advance_restores()
-            plan = sched.next_plan()
-            self._snapshot = sched.snapshot()
-            if plan is None:
-                self._outbox.flush()  # nothing to launch: deliver the last round's tokens now
-                if self.cold_tier is None or not self.cold_tier.restoring:
-                    self._idle_wait(now)
-            else:
-                self._step(plan)
+
+    def _tick(self) -> bool:
+        """One turn of the engine loop; False once a drain has emptied the engine."""
+        sched = self.scheduler
+        now, drain_deadline = self._take_inbox()
+        if drain_deadline is not None and self._drained(now, drain_deadline):
+            return False
+        for req in sched.expire(now):
+            self._retire.fail(
+                req, QueueTimeout(f"request not admitted within {now - req.ticket.created:.3f}s")
+            )
+        sched.admit(now)
+        self._advance_restores()
+        plan = sched.next_plan()
+        self._snapshot = sched.snapshot()
+        if plan is not None:
+            self._step(plan)
+        else:
+            self._idle(now)
+        return True
+
+    def _take_inbox(self) -> tuple[float, float | None]:
+        """New submissions into the scheduler's table, cancellations applied; -> (the time after,
+        the drain deadline read with the inbox: a drain ends only with an empty inbox)."""
+        with self._cv:
+            new, self._inbox = self._inbox, []
+            cancels, self._cancels = self._cancels, set()
+            drain_deadline = self._drain_deadline
+        for req in new:
+            self.scheduler.enqueue(req)
+        for rid in cancels:
+            cancelled = self.scheduler.get(rid)
+            if cancelled is not None:
+                self._retire.end(cancelled, StepOutput(token_ids=(), finish_reason="cancelled"), keep=False)
+        return time.monotonic(), drain_deadline
+
+    def _drained(self, now: float, deadline: float) -> bool:
+        """A drain is under way: past its deadline, cancel what runs and fail what waits; True
+        once no request is left (the last outputs delivered)."""
+        sched = self.scheduler
+        if now >= deadline:
+            for req in list(sched.by_id.values()):
+                if req.phase == DECODE or req in sched.active:
+                    self._retire.end(req, StepOutput(token_ids=(), finish_reason="cancelled"), keep=False)
+                else:
+                    self._retire.fail(req, EngineStopped("the engine shut down before admission"))
+        if sched.by_id:
+            return False
+        self._outbox.flush()
+        self._snapshot = sched.snapshot()
+        return True
+
+    def _idle(self, now: float) -> None:
+        """Nothing to launch: deliver the last round's tokens, then wait for work (not while the
+        cold tier is restoring: its rounds go on)."""
+        self._outbox.flush()
+        if self.cold_tier is None or not self.cold_tier.restoring:
+            self._idle_wait(now)
 
     def _advance_restores(self) -> None:
         """Move the cold tier's restores one round on (a decode step's worth of bytes while other
@@ -378,10 +399,10 @@ class Engine:
         if tier is None or not tier.restoring:
             return
         busy = bool(sched.decode_ready() or sched.prefilling())
-        for sid, restored in tier.advance(busy):
-            seq = self._seqs.get(sid)
-            if seq is not None:
-                sched.restore_ended(seq, restored)
+        for rid, restored in tier.advance(busy):
+            req = sched.get(rid)
+            if req is not None:
+                sched.restore_ended(req, restored)
 
     def _idle_wait(self, now: float) -> None:
         deadlines = [s.ticket.deadline for s in self.scheduler.waiting]
@@ -459,7 +480,7 @@ class Engine:
         sched = self.scheduler
         if sched.waiting or self._drain_deadline is not None or len(sched.active) != len(plan.rows):
             return False
-        if any(self._seqs.get(r.seq_id) is None for r in plan.rows):  # with the count: no prefill
+        if any(sched.get(r.seq_id) is None for r in plan.rows):  # with the count: no prefill
             return False
         with self._cv:
             return not self._inbox and not self._cancels
@@ -476,4 +497,4 @@ def _row_ids(plan: StepPlan) -> list[int]:
 
 def _next_round(plan: DecodePlan) -> DecodePlan:
     """The round after `plan` over the same rows: one position on, inputs fed on the device."""
-    return DecodePlan(rows=[replace(r, token=-1, position=r.position + 1) for r in plan.rows])
+    return DecodePlan(rows=[replace(r, token=-1, cached=r.cached + 1) for r in plan.rows])

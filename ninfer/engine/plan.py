@@ -26,7 +26,7 @@ class PrefillPlan:
 
     seq_id: int
     tokens: list[int]  # the chunk's token ids
-    start: int  # tokens already in the cache before the chunk (= first position)
+    cached: int  # tokens already in the cache before the chunk (= its first position)
     slot: int
     pages: list[int]
     ops_before: list[SlotOp] = field(default_factory=list)  # restores / resets
@@ -43,7 +43,7 @@ class PrefillPlan:
 @dataclass
 class PrefillBatch:
     """Short chunks of several requests' prompts in one replay of a captured (B, q) graph: each
-    chunk padded to the bucket q, each row with its own start, slot, pages and slot ops."""
+    chunk padded to the bucket q, each row with its own cached length, slot, pages and slot ops."""
 
     chunks: list[PrefillPlan]
     q: int
@@ -53,11 +53,11 @@ class PrefillBatch:
 class DecodeRow:
     seq_id: int
     token: int  # the last committed token, fed now
-    position: int  # its position (= tokens already in the cache)
+    cached: int  # tokens already in the cache (= the fed token's position)
     slot: int
     pages: list[int]
     sampler: RowSampler
-    rope_delta: int = 0  # multimodal prompts: positions are position + rope_delta on all three streams
+    rope_delta: int = 0  # multimodal prompts: positions are cached + rope_delta on all three streams
 
 
 @dataclass

@@ -3,16 +3,16 @@
 A finished request's lane stays resident (KV pages, live GDN slot, checkpoints, token ledger)
 until its pages or lane are needed. A new prompt resumes from the longest valid point:
 
-* append_frontier: the prompt extends the lane's computed ledger; resume from the live slot;
+* append_frontier: the prompt extends the lane's cached ledger; resume from the live slot;
 * restore_response_checkpoint / restore_turn_checkpoint: the prompt diverges after a
   checkpoint; copy that snapshot into the live slot and keep the KV pages up to it;
 * full_reset: residents exist but none matches; a lane is taken and its slot zeroed.
 
 Recurrent state cannot be rewound, so matching KV tokens alone never authorize a partial hit:
 only the live frontier and the retained snapshots do. At least one prompt token is always
-recomputed (the last prompt token's logits are not stored). A lane's computed frontier is its
-ledger minus the last sampled token, or the whole ledger when the engine had launched the round
-after its last one (launch-ahead decode feeds that token too).
+recomputed (the last prompt token's logits are not stored). A lane's cached frontier
+(`Lane.cached`) is its ledger minus the last sampled token, or the whole ledger when the engine
+had launched the round after its last one (launch-ahead decode feeds that token too).
 
 With a cold tier (`ninfer.engine.cold_tier`), a resident that loses its lane (an eviction, or an
 in-place full reset for another prompt) is parked there instead of dropped, and a parked image
@@ -140,7 +140,7 @@ class PrefixCache:
             # Checkpoints past the resume point describe a different continuation.
             lane.checkpoints = {k: p for k, p in lane.checkpoints.items() if p <= cached}
             lane.tokens = lane.tokens[:cached]
-            lane.computed = cached
+            lane.cached = cached
         lane.pages.extend(self.allocator.alloc(need_pages - len(lane.pages)))
         lane.media = tuple(media)
         lane.active = seq_id
@@ -203,8 +203,8 @@ class PrefixCache:
         lane.active = None
         self._tick += 1
         lane.last_used = self._tick
-        if keep and self.enabled and lane.computed > 0:
-            need = pages_for(lane.computed)
+        if keep and self.enabled and lane.cached > 0:
+            need = pages_for(lane.cached)
             extra = lane.pages[need:]
             lane.pages = lane.pages[:need]
             self.allocator.free(extra)

@@ -6,41 +6,38 @@ import time
 from collections.abc import Iterable
 
 from ninfer.engine.cold_tier import ColdTier
-from ninfer.engine.handle import Outbox, RequestHandle
+from ninfer.engine.handle import Outbox
 from ninfer.engine.multimodal import MediaEncoder
 from ninfer.engine.pages import PageAllocator
 from ninfer.engine.plan import DecodePlan
 from ninfer.engine.prefix_cache import PrefixCache
-from ninfer.engine.scheduler import Scheduler, Seq
+from ninfer.engine.request import Request
+from ninfer.engine.scheduler import Scheduler
 from ninfer.engine.types import EngineError, StepOutput
 from ninfer.kernels import jit_watch
 
 
-def close_stats(seq: Seq, cold_tier: ColdTier | None) -> None:
+def close_stats(req: Request, cold_tier: ColdTier | None) -> None:
     """Fill the request's token count and timings (and cold-tier counters) as of now."""
     now = time.monotonic()
-    st = seq.stats
-    st.completion_tokens = len(seq.generated)
-    st.total_s = now - seq.t_submit
-    if seq.t_admit:
-        st.queue_s = seq.t_admit - seq.t_submit
+    st = req.stats
+    st.completion_tokens = len(req.generated)
+    st.total_s = now - req.t_submit
+    if req.t_admit:
+        st.queue_s = req.t_admit - req.t_submit
     else:
         st.queue_s = st.total_s
-    if seq.t_first:
-        st.ttft_s = seq.t_first - seq.t_submit
-        st.prefill_s = seq.t_first - seq.t_admit
-        st.decode_s = now - seq.t_first
-    st.compilations = jit_watch.count() - seq.compiles_at_submit
+    if req.t_first:
+        st.ttft_s = req.t_first - req.t_submit
+        st.prefill_s = req.t_first - req.t_admit
+        st.decode_s = now - req.t_first
+    st.compilations = jit_watch.count() - req.compiles_at_submit
     if cold_tier is not None:  # cumulative tier counters, and whether this request restored
-        st.cold_tier = {"restored": cold_tier.take_restored(seq.id), **cold_tier.stats()}
+        st.cold_tier = {"restored": cold_tier.take_restored(req.id), **cold_tier.stats()}
 
 
 class Retirer:
-    """Removes requests from the engine thread's live table (`seqs`) and delivers their last item.
-
-    `seqs` and `handles` are the engine's own dicts, shared by reference; callers add to
-    `handles` under the engine's lock, only the engine thread removes.
-    """
+    """Removes requests from the scheduler's table and delivers their last item to their handle."""
 
     def __init__(
         self,
@@ -49,8 +46,6 @@ class Retirer:
         allocator: PageAllocator,
         media: MediaEncoder | None,
         cold_tier: ColdTier | None,
-        seqs: dict[int, Seq],
-        handles: dict[int, RequestHandle],
         outbox: Outbox,
     ) -> None:
         self.outbox = outbox  # last items go out at once, after whatever is pending
@@ -59,41 +54,38 @@ class Retirer:
         self.allocator = allocator
         self.media = media
         self.cold_tier = cold_tier
-        self.seqs = seqs
-        self.handles = handles
 
-    def drop_media(self, seq: Seq) -> None:
+    def drop_media(self, req: Request) -> None:
         """Release the request's media payloads (and the encoder's cached rows for them)."""
-        mm = seq.request.multimodal
+        mm = req.submitted.multimodal
         if mm is not None:
             if self.media is not None:
                 self.media.forget(mm)
             mm.close()
 
-    def end(self, seq: Seq, out: StepOutput, keep: bool) -> None:
-        """Finish `seq` with a final output; `keep` retains its lane for prefix reuse."""
-        self._retire(seq, keep)
-        self.outbox.put_now(self.handles.pop(seq.id), out)
+    def end(self, req: Request, out: StepOutput, keep: bool) -> None:
+        """Finish `req` with a final output; `keep` retains its lane for prefix reuse."""
+        self._retire(req, keep)
+        self.outbox.put_now(req.handle, out)
 
-    def fail(self, seq: Seq, exc: EngineError) -> None:
-        """Finish `seq` by raising `exc` on its handle."""
-        self._retire(seq, keep=False)
-        self.outbox.put_now(self.handles.pop(seq.id), exc)
+    def fail(self, req: Request, exc: EngineError) -> None:
+        """Finish `req` by raising `exc` on its handle."""
+        self._retire(req, keep=False)
+        self.outbox.put_now(req.handle, exc)
 
-    def _retire(self, seq: Seq, keep: bool) -> None:
-        self.drop_media(seq)
+    def _retire(self, req: Request, keep: bool) -> None:
+        self.drop_media(req)
         if self.cold_tier is not None:  # a restore under way stops before the lane is released
-            self.cold_tier.abort(seq.id)
-        self.scheduler.finish(seq, keep=keep)
-        close_stats(seq, self.cold_tier)
-        del self.seqs[seq.id]
+            self.cold_tier.abort(req.id)
+        self.scheduler.finish(req, keep=keep)
+        close_stats(req, self.cold_tier)
 
     def error_rows(self, seq_ids: Iterable[int], error: str) -> None:
         """A step failed: end its still-live requests with `error` (the engine goes on)."""
         for sid in seq_ids:
-            seq = self.seqs.get(sid)
-            if seq is not None:
-                self.end(seq, StepOutput(token_ids=(), finish_reason="error", error=error), keep=False)
+            req = self.scheduler.get(sid)
+            if req is not None:
+                self.end(req, StepOutput(token_ids=(), finish_reason="error", error=error), keep=False)
 
     def drop_rows(self, plan: DecodePlan, error: str) -> None:
         """A state fix-up failed: fail the rows' live requests and forget their retained lanes."""
@@ -103,13 +95,14 @@ class Retirer:
             if lane.live_slot in slots and lane.resident:
                 self.allocator.free(lane.clear())
 
-    def fail_all(self, queued: Iterable[Seq], handles: Iterable[RequestHandle], error: str) -> None:
-        """The engine died: release every live and queued request's media and fail every handle."""
-        for seq in [*self.seqs.values(), *queued]:
+    def fail_all(self, queued: Iterable[Request], error: str) -> None:
+        """The engine died: release the media of every live and queued request (best effort) and
+        fail every handle; the table is left empty."""
+        doomed = [*self.scheduler.by_id.values(), *queued]
+        self.scheduler.by_id.clear()
+        for req in doomed:
             try:
-                self.drop_media(seq)
+                self.drop_media(req)
             except Exception:  # the payload references are released best-effort
                 pass
-        self.seqs.clear()
-        for handle in handles:
-            self.outbox.put_now(handle, EngineError(f"the engine failed: {error}"))
+            self.outbox.put_now(req.handle, EngineError(f"the engine failed: {error}"))

@@ -1,4 +1,4 @@
-"""Matching a prompt against a lane's computed tokens and checkpoints (the leaf both the prefix
+"""Matching a prompt against a lane's cached tokens and checkpoints (the leaf both the prefix
 cache and the cold tier use), and what the prefix cache needs of a cold tier."""
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
 
 def match_lane(lane: Lane, prompt: Sequence[int], media: Sequence[SpanKey] = ()) -> ReuseMatch | None:
     """The best resume point of `prompt` (with the span keys of its media) on one resident lane, or None."""
-    if lane.computed == 0:
+    if lane.cached == 0:
         return None
-    n = _lcp(lane.tokens[: lane.computed], prompt[: lane.computed])
+    n = _lcp(lane.tokens[: lane.cached], prompt[: lane.cached])
     if lane.media or media:  # a changed earlier image / video ends the reusable prefix at its span
         n = media_prefix_limit(lane.media, media, n)
     best: ReuseMatch | None = None
-    if n == lane.computed and len(prompt) > n:
+    if n == lane.cached and len(prompt) > n:
         best = ReuseMatch(lane, n, "append_frontier", None)
     for kind, pos in lane.checkpoints.items():
         if 0 < pos <= n and pos < len(prompt) and (best is None or pos > best.cached):

@@ -344,7 +344,7 @@ class Runner:
         flat = host.to(self.device, non_blocking=True)
         if feed is not None:
             flat[: b * q].copy_(feed.reshape(-1))
-        batch = unpack(flat, b, q, self.max_pages, max_kv_len=max(rows.starts) + q, writes=writes)
+        batch = unpack(flat, b, q, self.max_pages, max_kv_len=max(rows.cache_lens) + q, writes=writes)
         hidden, logits = self._step(batch)
         return StepOut(hidden, logits)
 
@@ -393,7 +393,7 @@ class Runner:
         """The captured prefill graph a chunk fits (text only, its pages covering the padding)."""
         if plan.multimodal is not None or not plan.cuda_graph or plan.prompt_logprobs is not None:
             return None
-        return self.prefill_bucket([(len(plan.tokens), plan.start, len(plan.pages))])
+        return self.prefill_bucket([(len(plan.tokens), plan.cached, len(plan.pages))])
 
     def _prefill_rows(self, plans: Sequence[PrefillPlan], q: int) -> StepResult:
         """Short chunks of B requests as one replay of the (B, q) graph: each padded with token 0
@@ -406,7 +406,7 @@ class Runner:
         lens = [len(p.tokens) for p in plans]
         rows = StepRows(
             [p.tokens + [0] * (q - n) for p, n in zip(plans, lens, strict=True)],
-            [p.start for p in plans],
+            [p.cached for p in plans],
             [p.slot for p in plans],
             [p.pages for p in plans],
             None,
@@ -415,9 +415,11 @@ class Runner:
         out = self.forward(rows)  # hidden [B, q, H], logits [B, q, V]; the graph's launch delivers
         for i, (plan, n) in enumerate(zip(plans, lens, strict=True)):
             if self.spec is not None:
-                rope = torch.arange(plan.start, plan.start + n, device=self.device).expand(3, n).contiguous()
+                rope = (
+                    torch.arange(plan.cached, plan.cached + n, device=self.device).expand(3, n).contiguous()
+                )
                 self.spec.after_prefill(
-                    plan.slot, plan.start, plan.tokens, out.hidden[i, :n], rope, plan.pages
+                    plan.slot, plan.cached, plan.tokens, out.hidden[i, :n], rope, plan.pages
                 )
             self._slot_ops(plan.ops_after)
         last = [i for i, p in enumerate(plans) if p.sampler is not None]
@@ -433,18 +435,18 @@ class Runner:
             return self._prefill_rows([plan], q)
         self._launched()  # an eager forward: its kernel launches are host work, deliver first
         self._slot_ops(plan.ops_before)
-        batch = self._batch([plan.tokens], [plan.start], [plan.slot], [plan.pages])
+        batch = self._batch([plan.tokens], [plan.cached], [plan.slot], [plan.pages])
         vision_s = 0.0
         if plan.multimodal is not None:
             if self.media is None:
                 raise RuntimeError("a multimodal prompt reached an engine without a vision tower")
             batch.embeds, batch.positions, vision_s = self.media.chunk(
-                self.model, plan.multimodal, batch.input_ids, plan.start
+                self.model, plan.multimodal, batch.input_ids, plan.cached
             )
         hidden = self.model(batch, self.kv, self.states)  # [1, q, H]
         if self.spec is not None:
             rope = batch.positions[:, 0]  # [3, q] (multimodal prompts: the T/H/W streams)
-            self.spec.after_prefill(plan.slot, plan.start, plan.tokens, hidden[0], rope, plan.pages)
+            self.spec.after_prefill(plan.slot, plan.cached, plan.tokens, hidden[0], rope, plan.pages)
         self._slot_ops(plan.ops_after)
         scored = None
         if plan.prompt_logprobs is not None:

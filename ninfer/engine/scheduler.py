@@ -1,57 +1,16 @@
-"""CPU-side scheduling: FIFO admission by page entitlement, prefill chunking, decode batches."""
+"""CPU-side scheduling: the table of live requests, FIFO admission by page entitlement, prefill
+chunking, decode batches."""
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ninfer.engine.pages import pages_for
 from ninfer.engine.plan import DecodePlan, DecodeRow, PrefillBatch, PrefillPlan, SlotOp, StepPlan
 from ninfer.engine.prefix_cache import PrefixCache
-from ninfer.engine.sampler import RowSampler
-from ninfer.engine.slots import RESPONSE, TURN, Lane
-from ninfer.engine.stops import StopChecker
-from ninfer.engine.tickets import Ticket
-from ninfer.engine.types import GenerationRequest, RequestStats, TokenLogprob
-
-WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
-RESTORE = "restore"  # admitted onto a lane whose state the cold tier is still writing
-
-
-@dataclass(eq=False)
-class Seq:
-    """One submitted request's runtime state (owned by the engine thread after submission)."""
-
-    id: int
-    request: GenerationRequest
-    ticket: Ticket
-    entitlement: int  # output tokens allowed: min(max_tokens, max_context - prompt)
-    sampler: RowSampler
-    stops: StopChecker
-    stats: RequestStats
-    t_submit: float
-    phase: str = WAITING
-    lane: Lane | None = None
-    prefill_pos: int = 0  # prompt tokens in the cache
-    generated: list[int] = field(default_factory=list)
-    captures: dict[int, list[str]] = field(default_factory=dict)  # position -> checkpoint kinds
-    pending_ops: list[SlotOp] = field(default_factory=list)  # slot ops before the first chunk
-    # a scoring request's prompt logprobs so far (None for the first prompt token)
-    prompt_lps: list[TokenLogprob | None] = field(default_factory=lambda: [None])
-    t_admit: float = 0.0
-    t_first: float = 0.0
-    compiles_at_submit: int = 0  # jit_watch.count() when submitted (RequestStats.compilations)
-    claim: Callable[[], bool] = lambda: True  # the handle's admission claim (`RequestHandle`)
-    unclaim: Callable[[], None] = lambda: None  # admission did not happen after all
-
-    @property
-    def prompt(self) -> tuple[int, ...]:
-        return self.request.prompt_ids
-
-    @property
-    def need_pages(self) -> int:
-        return pages_for(len(self.prompt) + self.entitlement)
+from ninfer.engine.request import DECODE, DONE, PREFILL, RESTORE, WAITING, Request
+from ninfer.engine.slots import RESPONSE, TURN
 
 
 @dataclass(frozen=True)
@@ -73,94 +32,99 @@ PrefillFit = Callable[[list[tuple[int, int, int]]], int | None]
 
 
 class Scheduler:
-    """Waiting queue, active set and step planning. Used only by the engine thread."""
+    """The live requests' table (`by_id`), its waiting queue and active set, and step planning.
+    Used only by the engine thread: a request enters with `enqueue` and leaves with `finish`."""
 
     def __init__(self, cache: PrefixCache, max_concurrency: int, prefill_chunk: int) -> None:
         self.cache = cache
         self.max_concurrency = max_concurrency
         self.prefill_chunk = prefill_chunk
-        self.waiting: deque[Seq] = deque()
-        self.active: list[Seq] = []  # admission order
+        self.by_id: dict[int, Request] = {}  # every live request: waiting, restoring, running
+        self.waiting: deque[Request] = deque()
+        self.active: list[Request] = []  # admission order
         self._prefer_prefill = True
         self.prefill_fit: PrefillFit | None = None  # set once the prefill graphs exist
 
     # ----- queue -----
-    def enqueue(self, seq: Seq) -> None:
-        self.waiting.append(seq)
+    def enqueue(self, req: Request) -> None:
+        self.by_id[req.id] = req
+        self.waiting.append(req)
 
-    def expire(self, now: float) -> list[Seq]:
+    def get(self, request_id: int) -> Request | None:
+        """The live request with this id (None once it finished)."""
+        return self.by_id.get(request_id)
+
+    def expire(self, now: float) -> list[Request]:
         """Remove and return waiting requests whose admission deadline has passed."""
         late = [s for s in self.waiting if s.ticket.deadline <= now]
         for s in late:
             self.waiting.remove(s)
         return late
 
-    def admit(self, now: float) -> list[Seq]:
+    def admit(self, now: float) -> list[Request]:
         """Admit waiting requests in FIFO order while the head fits; never skip the head."""
-        admitted: list[Seq] = []
+        admitted: list[Request] = []
         while self.waiting and len(self.active) < self.max_concurrency:
-            seq = self.waiting[0]
-            if not seq.claim():  # the caller timed it out already; its cancel removes it
+            req = self.waiting[0]
+            if not req.handle.claim_admission():  # the caller timed it out: its cancel removes it
                 break
-            mm = seq.request.multimodal
+            mm = req.submitted.multimodal
             media = mm.keys() if mm is not None else ()
             # scoring the prompt needs every position's logits: no prefix is reused
-            reuse = seq.request.params.prompt_logprobs is None
-            adm = self.cache.admit(seq.id, seq.prompt, seq.need_pages, media, reuse=reuse)
+            reuse = req.submitted.params.prompt_logprobs is None
+            adm = self.cache.admit(req.id, req.prompt, req.need_pages, media, reuse=reuse)
             if adm is None:
-                seq.unclaim()
+                req.handle.release_admission()
                 break
             self.waiting.popleft()
-            seq.lane = adm.lane
-            seq.phase = RESTORE if adm.restoring else PREFILL
-            seq.prefill_pos = adm.cached
-            seq.pending_ops = list(adm.ops)
-            seq.stats.cached_tokens = adm.cached
-            seq.stats.reuse_path = adm.path
-            seq.t_admit = now
-            adm.lane.tokens = list(seq.prompt[: adm.cached])
-            self._plan_captures(seq)
-            self.active.append(seq)
-            admitted.append(seq)
+            req.lane = adm.lane
+            req.phase = RESTORE if adm.restoring else PREFILL
+            req.pending_ops = list(adm.ops)
+            req.stats.cached_tokens = adm.cached
+            req.stats.reuse_path = adm.path
+            req.t_admit = now
+            adm.lane.tokens = list(req.prompt[: adm.cached])
+            self._plan_captures(req)
+            self.active.append(req)
+            admitted.append(req)
         return admitted
 
-    def _plan_captures(self, seq: Seq) -> None:
-        if not self.cache.enabled or seq.lane is None:
+    def _plan_captures(self, req: Request) -> None:
+        if not self.cache.enabled or req.lane is None:
             return
-        lane = seq.lane
-        wanted = ((TURN, seq.request.turn_checkpoint), (RESPONSE, seq.request.response_checkpoint))
+        lane = req.lane
+        wanted = ((TURN, req.submitted.turn_checkpoint), (RESPONSE, req.submitted.response_checkpoint))
         for kind, pos in wanted:
-            if pos is None or pos <= 0 or pos > len(seq.prompt):
+            if pos is None or pos <= 0 or pos > len(req.prompt):
                 continue
-            if pos < seq.prefill_pos:
+            if pos < lane.cached:
                 continue  # behind the reuse frontier with no snapshot there: defer
-            if pos == seq.prefill_pos:  # the resume point itself: snapshot before prefill
-                seq.pending_ops.append(SlotOp(dst=lane.checkpoint_slots[kind], src=lane.live_slot))
+            if pos == lane.cached:  # the resume point itself: snapshot before prefill
+                req.pending_ops.append(SlotOp(dst=lane.checkpoint_slots[kind], src=lane.live_slot))
                 lane.checkpoints[kind] = pos
             else:
-                seq.captures.setdefault(pos, []).append(kind)
+                req.captures.setdefault(pos, []).append(kind)
 
-    def restore_ended(self, seq: Seq, restored: bool) -> None:
+    def restore_ended(self, req: Request, restored: bool) -> None:
         """The cold tier finished writing the request's lane: prefill from the admitted resume
         point, or (a failed restore) from the start of the prompt on the same lane and pages."""
-        if seq.phase != RESTORE or seq.lane is None:
+        if req.phase != RESTORE or req.lane is None:
             return
         if not restored:
-            lane = seq.lane
-            lane.tokens, lane.computed, lane.checkpoints = [], 0, {}
-            seq.prefill_pos = 0
-            seq.pending_ops = [SlotOp(dst=lane.live_slot)]
-            seq.captures = {}
-            seq.stats.cached_tokens = 0
-            seq.stats.reuse_path = "full_reset"
-            self._plan_captures(seq)
-        seq.phase = PREFILL
+            lane = req.lane
+            lane.tokens, lane.cached, lane.checkpoints = [], 0, {}
+            req.pending_ops = [SlotOp(dst=lane.live_slot)]
+            req.captures = {}
+            req.stats.cached_tokens = 0
+            req.stats.reuse_path = "full_reset"
+            self._plan_captures(req)
+        req.phase = PREFILL
 
     # ----- planning -----
-    def decode_ready(self) -> list[Seq]:
+    def decode_ready(self) -> list[Request]:
         return [s for s in self.active if s.phase == DECODE]
 
-    def prefilling(self) -> list[Seq]:
+    def prefilling(self) -> list[Request]:
         return [s for s in self.active if s.phase == PREFILL]
 
     def next_plan(self) -> StepPlan | None:
@@ -178,7 +142,7 @@ class Scheduler:
             return DecodePlan(rows=[self._decode_row(s) for s in dec])
         return None
 
-    def _prefill_group(self, pre: list[Seq]) -> tuple[list[Seq], int | None]:
+    def _prefill_group(self, pre: list[Request]) -> tuple[list[Request], int | None]:
         """The first prefilling request and, in admission order, as many of the others whose next
         chunk a captured prefill graph takes as one graph takes together (text chunks, each padded
         to one bucket; graphs exist for some row counts); the bucket, or None for the first alone."""
@@ -189,10 +153,10 @@ class Scheduler:
         if fit(shapes) is None:
             return pre[:1], None
         group = [pre[0]]
-        for seq in pre[1:]:
-            shape = self._chunk_shape(seq)
-            if _graphable(seq) and fit([shape]) is not None:
-                group.append(seq)
+        for req in pre[1:]:
+            shape = self._chunk_shape(req)
+            if _graphable(req) and fit([shape]) is not None:
+                group.append(req)
                 shapes.append(shape)
         for n in range(len(group), 1, -1):
             q = fit(shapes[:n])
@@ -200,93 +164,95 @@ class Scheduler:
                 return group[:n], q
         return pre[:1], None
 
-    def _chunk_shape(self, seq: Seq) -> tuple[int, int, int]:
+    def _chunk_shape(self, req: Request) -> tuple[int, int, int]:
         """(tokens, start, pages held) of a prefilling request's next chunk."""
-        assert seq.lane is not None
-        start, end = self._chunk_bounds(seq)
-        return end - start, start, len(seq.lane.pages)
+        assert req.lane is not None
+        start, end = self._chunk_bounds(req)
+        return end - start, start, len(req.lane.pages)
 
-    def _chunk_bounds(self, seq: Seq) -> tuple[int, int]:
+    def _chunk_bounds(self, req: Request) -> tuple[int, int]:
         """[start, end) of a prefilling request's next chunk: at most `prefill_chunk` tokens,
         ending at the next checkpoint to capture."""
-        start = seq.prefill_pos
-        end = min(len(seq.prompt), start + self.prefill_chunk)
-        cuts = [p for p in seq.captures if start < p < end]
+        assert req.lane is not None
+        start = req.lane.cached
+        end = min(len(req.prompt), start + self.prefill_chunk)
+        cuts = [p for p in req.captures if start < p < end]
         return start, min(cuts) if cuts else end
 
-    def _prefill_plan(self, seq: Seq) -> PrefillPlan:
-        assert seq.lane is not None
-        lane = seq.lane
-        start, end = self._chunk_bounds(seq)
+    def _prefill_plan(self, req: Request) -> PrefillPlan:
+        assert req.lane is not None
+        lane = req.lane
+        start, end = self._chunk_bounds(req)
         ops_after = [
-            SlotOp(dst=lane.checkpoint_slots[k], src=lane.live_slot) for k in seq.captures.get(end, [])
+            SlotOp(dst=lane.checkpoint_slots[k], src=lane.live_slot) for k in req.captures.get(end, [])
         ]
-        ops_before, seq.pending_ops = seq.pending_ops, []
-        last = end == len(seq.prompt)
-        scoring = seq.request.params.prompt_logprobs
+        ops_before, req.pending_ops = req.pending_ops, []
+        last = end == len(req.prompt)
+        scoring = req.submitted.params.prompt_logprobs
         return PrefillPlan(
-            seq_id=seq.id,
-            tokens=list(seq.prompt[start:end]),
-            start=start,
+            seq_id=req.id,
+            tokens=list(req.prompt[start:end]),
+            cached=start,
             slot=lane.live_slot,
             pages=lane.pages,
             ops_before=ops_before,
             ops_after=ops_after,
-            sampler=seq.sampler if last and seq.entitlement > 0 else None,
-            multimodal=seq.request.multimodal,
+            sampler=req.sampler if last and req.entitlement > 0 else None,
+            multimodal=req.submitted.multimodal,
             prompt_logprobs=scoring,
-            targets=list(seq.prompt[start + 1 : end + 1]) if scoring is not None else [],
+            targets=list(req.prompt[start + 1 : end + 1]) if scoring is not None else [],
         )
 
-    def _decode_row(self, seq: Seq) -> DecodeRow:
-        assert seq.lane is not None
-        lane = seq.lane
+    def _decode_row(self, req: Request) -> DecodeRow:
+        assert req.lane is not None
+        lane = req.lane
         return DecodeRow(
-            seq_id=seq.id,
-            token=lane.tokens[lane.computed],
-            position=lane.computed,
+            seq_id=req.id,
+            token=lane.tokens[lane.cached],
+            cached=lane.cached,
             slot=lane.live_slot,
             pages=lane.pages,
-            sampler=seq.sampler,
-            rope_delta=seq.request.multimodal.rope_delta if seq.request.multimodal is not None else 0,
+            sampler=req.sampler,
+            rope_delta=req.submitted.multimodal.rope_delta if req.submitted.multimodal is not None else 0,
         )
 
     # ----- applying results -----
-    def prefill_done(self, seq: Seq, plan: PrefillPlan) -> None:
+    def prefill_done(self, req: Request, plan: PrefillPlan) -> None:
         """Record a finished chunk: the lane's computed frontier and captured checkpoints."""
-        assert seq.lane is not None
-        lane = seq.lane
-        end = plan.start + len(plan.tokens)
+        assert req.lane is not None
+        lane = req.lane
+        end = plan.cached + len(plan.tokens)
         lane.tokens.extend(plan.tokens)
-        lane.computed = end
-        seq.prefill_pos = end
-        for kind in seq.captures.pop(end, []):
+        lane.cached = end
+        for kind in req.captures.pop(end, []):
             lane.checkpoints[kind] = end
-        if end == len(seq.prompt):
-            seq.phase = DECODE
+        if end == len(req.prompt):
+            req.phase = DECODE
 
-    def decode_fed(self, seq: Seq) -> None:
+    def decode_fed(self, req: Request) -> None:
         """The pending token of a decode row went through the model."""
-        assert seq.lane is not None
-        seq.lane.computed += 1
+        assert req.lane is not None
+        req.lane.cached += 1
 
-    def commit(self, seq: Seq, token: int) -> None:
+    def commit(self, req: Request, token: int) -> None:
         """Append a sampled token to the request's output and its lane ledger."""
-        assert seq.lane is not None
-        seq.generated.append(token)
-        seq.lane.tokens.append(token)
-        seq.sampler.observe(token)
+        assert req.lane is not None
+        req.generated.append(token)
+        req.lane.tokens.append(token)
+        req.sampler.observe(token)
 
-    def finish(self, seq: Seq, keep: bool) -> None:
-        """Remove a request (finished, cancelled or failed) from the queue or active set."""
-        if seq.phase == WAITING:
-            if seq in self.waiting:
-                self.waiting.remove(seq)
-        elif seq in self.active:
-            self.active.remove(seq)
-            assert seq.lane is not None
-            self.cache.release(seq.lane, keep=keep)
-        seq.phase = DONE
+    def finish(self, req: Request, keep: bool) -> None:
+        """Remove a request (finished, cancelled or failed) from the table and its queue or active
+        set; `keep` retains its lane for prefix reuse."""
+        self.by_id.pop(req.id, None)
+        if req.phase == WAITING:
+            if req in self.waiting:
+                self.waiting.remove(req)
+        elif req in self.active:
+            self.active.remove(req)
+            assert req.lane is not None
+            self.cache.release(req.lane, keep=keep)
+        req.phase = DONE
 
     def snapshot(self) -> Snapshot:
         alloc = self.cache.allocator
@@ -303,7 +269,7 @@ class Scheduler:
         )
 
 
-def _graphable(seq: Seq) -> bool:
+def _graphable(req: Request) -> bool:
     """Whether a request's chunks may run in a captured prefill graph: text, not scored (a
     scored chunk reads every position's logits, on the eager path)."""
-    return seq.request.multimodal is None and seq.request.params.prompt_logprobs is None
+    return req.submitted.multimodal is None and req.submitted.params.prompt_logprobs is None

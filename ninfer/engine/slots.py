@@ -47,10 +47,10 @@ class SlotLayout:
 class Lane:
     """One sequence's residency: live GDN slot, retained checkpoints, KV pages, token ledger.
 
-    Invariant: the live slot and KV pages hold exactly the effect of `tokens[:computed]`;
-    `tokens[computed:]` (at most the last sampled token) is committed but not yet fed. Each
+    Invariant: the live slot and KV pages hold exactly the effect of `tokens[:cached]`;
+    `tokens[cached:]` (at most the last sampled token) is committed but not yet fed. Each
     checkpoint `kind -> position` holds the live state as it was after `tokens[:position]`,
-    with `position <= computed`.
+    with `position <= cached`.
     """
 
     index: int
@@ -58,7 +58,7 @@ class Lane:
     checkpoint_slots: dict[str, int]
     pages: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
-    computed: int = 0
+    cached: int = 0  # tokens whose effect is in the live slot and KV pages
     checkpoints: dict[str, int] = field(default_factory=dict)
     active: int | None = None  # id of the sequence running on this lane, None when idle
     last_used: int = 0  # LRU tick of the last time the lane was active
@@ -68,13 +68,13 @@ class Lane:
     @property
     def resident(self) -> bool:
         """Idle but still holding reusable content."""
-        return self.active is None and self.computed > 0
+        return self.active is None and self.cached > 0
 
     def clear(self) -> list[int]:
         """Drop all content; returns the pages the caller must free."""
         pages, self.pages = self.pages, []
         self.tokens = []
-        self.computed = 0
+        self.cached = 0
         self.checkpoints = {}
         self.media = ()
         return pages

@@ -19,7 +19,7 @@ class RowAt(Protocol):
     """Where a decode row feeds from (what `StepRows.for_decode` reads of a `plan.DecodeRow`)."""
 
     @property
-    def position(self) -> int: ...  # tokens already cached
+    def cached(self) -> int: ...  # tokens already cached
     @property
     def slot(self) -> int: ...  # the live GDN slot
     @property
@@ -33,7 +33,7 @@ class StepRows:
     """The input of one forward as plain lists: B rows of q tokens each."""
 
     tokens: list[list[int]]  # [B][q]
-    starts: list[int]  # [B] tokens already cached (the first position of each row)
+    cache_lens: list[int]  # [B] tokens already cached (the first position of each row)
     slots: list[int]  # [B] GDN slot read (and, without `writes`, overwritten)
     pages: list[list[int]]  # [B][<= max_pages] KV pages of each row
     offsets: list[int] | None = None  # [B] added to the positions (a multimodal rope_delta)
@@ -50,7 +50,7 @@ class StepRows:
         """Decode rows fed `inputs` [B][q] from their positions into their live slots (offsets
         only when some row carries a multimodal rope_delta)."""
         offsets = [r.rope_delta for r in rows] if any(r.rope_delta for r in rows) else None
-        return cls(inputs, [r.position for r in rows], [r.slot for r in rows], [r.pages for r in rows],
+        return cls(inputs, [r.cached for r in rows], [r.slot for r in rows], [r.pages for r in rows],
                    offsets, writes)  # fmt: skip
 
 
@@ -102,7 +102,9 @@ def pack(
 
 def pack_rows(out: torch.Tensor, rows: StepRows, max_pages: int) -> torch.Tensor:
     """`pack` of a `StepRows` (out: [packed_len(B, q, max_pages, rows.writes is not None)])."""
-    return pack(out, rows.tokens, rows.starts, rows.slots, rows.pages, max_pages, rows.offsets, rows.writes)
+    return pack(
+        out, rows.tokens, rows.cache_lens, rows.slots, rows.pages, max_pages, rows.offsets, rows.writes
+    )
 
 
 def unpack(

@@ -87,7 +87,7 @@ def warm_prefill(
     for i, c in enumerate(chunks):
         tokens = [(i * 7919 + j * 104729) % vocab for j in range(c.length)]
         pages = list(range(pages_for(c.start + c.length)))
-        execute(PrefillPlan(seq_id=-1, tokens=tokens, start=c.start, slot=slot, pages=pages,
+        execute(PrefillPlan(seq_id=-1, tokens=tokens, cached=c.start, slot=slot, pages=pages,
                             ops_before=[SlotOp(dst=slot)] if c.start == 0 else [], cuda_graph=False))  # fmt: skip
     return WarmupReport(chunks=len(chunks), seconds=time.perf_counter() - t0, thin=thin)
 

@@ -60,9 +60,9 @@ class Recorder:
         if self.last_verify is None or len(rows.tokens) >= len(self.last_verify.tokens):
             self.last_verify = rows  # the widest verification of the run
         for i in range(len(rows.tokens)):
-            entry: dict[str, Any] = {"start": rows.starts[i], "slot": rows.slots[i], "positions": []}
+            entry: dict[str, Any] = {"start": rows.cache_lens[i], "slot": rows.slots[i], "positions": []}
             for j, (drows, dlog) in enumerate(self.round.drafts):
-                if drows.slots[i] != rows.slots[i] or drows.starts[i] != rows.starts[i]:
+                if drows.slots[i] != rows.slots[i] or drows.cache_lens[i] != rows.cache_lens[i]:
                     entry["mismatched_rows"] = True
                     continue
                 diffs = [(dlog[i, t] - logits[i, t]).abs().max().item() for t in range(j + 1)]

@@ -79,7 +79,7 @@ class Rounds:
             tier = eng.cold_tier
             assert tier is not None
             out = inner(busy)
-            other = eng._seqs.get(self.watch) if self.watch is not None else None
+            other = eng.scheduler.get(self.watch) if self.watch is not None else None
             for job in tier._jobs.values():
                 self.log.append((job.moved, len(other.generated) if other is not None else -1, busy))
             return out
@@ -106,7 +106,7 @@ def test_chunked_restore_interleaves_with_decoding(model) -> None:
         b = eng.submit(eng.reserve(), request(tokens(30, 4), max_tokens=120))  # takes C's lane
         first = next(iter(b))  # B decodes
         assert first.token_ids
-        rounds.watch = max(eng._seqs)
+        rounds.watch = max(eng.scheduler.by_id)
         nxt = [*a, *ga, *tokens(8, 5)]
         out, st = run(eng, nxt)  # takes D's lane, A's image comes back chunk by chunk
         assert out == run(resident, nxt)[0]

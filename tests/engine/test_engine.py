@@ -194,7 +194,7 @@ def test_cancel_mid_prefill_and_mid_decode_frees_everything(small_model, reuse) 
     tokens, last = h.result(30)
     assert last.finish_reason == "cancelled"
     assert eng.allocator.free_count == free0
-    assert all(ln.active is None and ln.computed == 0 for ln in eng.cache.lanes)
+    assert all(ln.active is None and ln.cached == 0 for ln in eng.cache.lanes)
     h.close()
     eng.shutdown(5)
 
@@ -229,7 +229,7 @@ def test_submit_racing_the_drain_exit_is_refused(small_model) -> None:
     with pytest.raises(EngineStopped):
         eng.submit(ticket, _req("late", _prompt(5, 12), max_tokens=2))
     ticket.release()
-    assert eng._thread is None and not eng._handles and not eng._inbox
+    assert eng._thread is None and not eng.scheduler.by_id and not eng._inbox
 
 
 def test_engine_thread_failure_fails_every_request_and_refuses_new_ones(small_model) -> None:

@@ -141,11 +141,11 @@ def test_runner_graph_switches_and_fallback(small_model) -> None:
     assert _runner(small_model, capture=single).capture_graphs() is not None and single.segments == [1] * 3
     assert on.capture_graphs() is on.graph_stats  # idempotent
     for r in (failing, on):  # a prefill then a decode step run on both (eager fallback / replay)
-        r.execute(PrefillPlan(seq_id=1, tokens=[3, 4, 5], start=0, slot=0, pages=[1], sampler=_greedy()))
+        r.execute(PrefillPlan(seq_id=1, tokens=[3, 4, 5], cached=0, slot=0, pages=[1], sampler=_greedy()))
         r.execute(DecodePlan([DecodeRow(1, 7, 3, 0, [1], _greedy())]))
     late = _runner(small_model, capture=EagerCapture())
     late._capture_ran = False
-    late.execute(PrefillPlan(seq_id=1, tokens=[3], start=0, slot=0, pages=[1]))
+    late.execute(PrefillPlan(seq_id=1, tokens=[3], cached=0, slot=0, pages=[1]))
     with pytest.raises(RuntimeError, match="before the first step"):
         late._capture_ran = False
         late.capture_graphs()
@@ -213,7 +213,7 @@ def test_on_launch_runs_once_after_a_graph_launch_and_before_eager_work(small_mo
     assert graphed.graphs is not None
     inner = graphed.graphs.run
     graphed.graphs.run = lambda host, b, q=1, feed=None: (events.append("replay"), inner(host, b, q, feed))[1]  # type: ignore[method-assign]
-    prefill = PrefillPlan(seq_id=1, tokens=[3, 4, 5], start=0, slot=0, pages=[1], sampler=_greedy())
+    prefill = PrefillPlan(seq_id=1, tokens=[3, 4, 5], cached=0, slot=0, pages=[1], sampler=_greedy())
     graphed.execute(prefill, on_launch=lambda: events.append("launch"))
     assert events == ["launch"]
     events.clear()

@@ -78,8 +78,8 @@ def test_batch_of_eight_matches_in_step_commits(small_model) -> None:
         assert count.fed > 10  # most rounds were launched ahead
         # a lane that finished with a round launched after it keeps its last token computed too
         lanes = [ln for ln in ahead.cache.lanes if ln.resident]
-        assert all(len(ln.tokens) - ln.computed in (0, 1) for ln in lanes)
-        assert any(ln.computed == len(ln.tokens) for ln in lanes)
+        assert all(len(ln.tokens) - ln.cached in (0, 1) for ln in lanes)
+        assert any(ln.cached == len(ln.tokens) for ln in lanes)
     finally:
         ahead.shutdown(5)
         step.shutdown(5)
@@ -102,7 +102,7 @@ def test_stop_token_inside_launched_rounds_then_next_turn(small_model, reuse: bo
         assert second == _run_all(cold, [GenerationRequest("b", nxt, params)])
         if reuse:
             lane = next(ln for ln in ahead.cache.lanes if ln.resident)
-            assert lane.computed == len(lane.tokens)
+            assert lane.cached == len(lane.tokens)
     finally:
         ahead.shutdown(5)
         cold.shutdown(5)

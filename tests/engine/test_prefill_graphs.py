@@ -96,13 +96,13 @@ def test_a_chunk_whose_padding_has_no_pages_runs_eagerly(small_model) -> None:
     engine.shutdown()
     runner = engine.runner
     one_page = [0]
-    assert runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, start=0, slot=0, pages=one_page)) == 32
-    assert runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, start=40, slot=0, pages=one_page)) is None
-    assert runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, start=40, slot=0, pages=[0, 1])) == 32
-    assert runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 33, start=0, slot=0, pages=[0, 1])) is None
+    assert runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, cached=0, slot=0, pages=one_page)) == 32
+    assert runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, cached=40, slot=0, pages=one_page)) is None
+    assert runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, cached=40, slot=0, pages=[0, 1])) == 32
+    assert runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 33, cached=0, slot=0, pages=[0, 1])) is None
     # warm-up asks for the eager forward where a bucket fits (it compiles that path before ready)
     assert (
-        runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, start=0, slot=0, pages=[0], cuda_graph=False))
+        runner._bucket(PrefillPlan(seq_id=1, tokens=[1] * 20, cached=0, slot=0, pages=[0], cuda_graph=False))
         is None
     )
     assert used == []
@@ -142,13 +142,13 @@ def test_prefill_graph_shapes_and_grouping() -> None:
     sched.prefill_fit = fit
 
     @dataclass
-    class FakeSeq:
+    class FakeRequest:
         n: int  # the next chunk's tokens
-        request: SimpleNamespace = field(
+        submitted: SimpleNamespace = field(
             default_factory=lambda: SimpleNamespace(multimodal=None, params=SamplingParams())
         )
 
-    seqs = [FakeSeq(n) for n in (5, 40, 9, 12, 3)]  # the 40-token chunk fits no graph
+    seqs = [FakeRequest(n) for n in (5, 40, 9, 12, 3)]  # the 40-token chunk fits no graph
     sched._chunk_shape = lambda s: (s.n, 0, 4)  # type: ignore[method-assign]
     group, q = sched._prefill_group(seqs)  # type: ignore[arg-type]
     assert q == 16 and [s.n for s in group] == [5, 9, 12, 3]  # 4 rows: a captured count

@@ -54,12 +54,16 @@ class TagDetokenizer:
         return ""
 
 
-def engine(model: Any, head: DraftHead | None = None, detok: bool = False, **kw: Any) -> Engine:
-    """An 8-lane engine (max_context 256, chunk 64) as in tests/engine, with the given overrides."""
+def engine(
+    model: Any, head: DraftHead | None = None, detok: bool = False, dflash: Any = None, **kw: Any
+) -> Engine:
+    """An 8-lane engine (max_context 256, chunk 64) as in tests/engine, with the given overrides
+    (`head`: the proposal head, `dflash`: the DFlash drafter)."""
     base = EngineConfig(
         max_concurrency=8, max_pending=16, max_context=256, prefill_chunk=64, kv_capacity=2048
     )
-    return Engine(model, replace(base, **kw), TagDetokenizer if detok else None, draft_head=head).start()
+    detokenizer = TagDetokenizer if detok else None
+    return Engine(model, replace(base, **kw), detokenizer, draft_head=head, dflash=dflash).start()
 
 
 def request(p: Sequence[int], max_tokens: int = 24, **params: Any) -> GenerationRequest:

@@ -52,29 +52,31 @@ def drafter_tensors(seed: int = 1, config: dict | None = None) -> dict[str, torc
     }
 
 
-def moe_model(with_drafter: bool, seed: int = 0) -> Any:
+def moe_model(seed: int = 0) -> Any:
     cfg = moe_config()
     g = torch.Generator().manual_seed(seed)
-    model = load_model(
+    return load_model(
         cfg, {n: _tensor(n, tuple(s), g) for n, s in text_shapes(cfg).items()}, torch.float32, "cpu"
     )
-    if with_drafter:
-        model.dflash = load_dflash(DFlashConfig.from_hf(DRAFTER), drafter_tensors(), torch.float32, "cpu")
-    return model
+
+
+def dflash_drafter() -> DFlashDrafter:
+    return load_dflash(DFlashConfig.from_hf(DRAFTER), drafter_tensors(), torch.float32, "cpu")
 
 
 @pytest.fixture(scope="module")
-def models() -> tuple[Any, Any]:
-    return moe_model(False), moe_model(True)
+def models() -> tuple[Any, Any, DFlashDrafter]:
+    """Two copies of the target (speculation off; on, with the drafter's hooks) and the drafter."""
+    return moe_model(), moe_model(), dflash_drafter()
 
 
 @pytest.mark.parametrize(("k", "limit"), [(1, None), (4, None), (15, None), (1, 3), (4, 3)])
 def test_greedy_batched_equals_spec_off(models, k: int, limit: int | None) -> None:
     """vocab_limit 3 makes random drafts agree often, so whole runs are accepted too."""
-    plain, spec_model = models
+    plain, spec_model, drafter = models
     reqs = [request(p, max_tokens=20 + 3 * i) for i, p in enumerate(PROMPTS[:5])]
     ref = engine(plain, no_prefix_reuse=True, vocab_limit=limit)
-    spec = engine(spec_model, spec_method="dflash", draft_tokens=k, vocab_limit=limit)
+    spec = engine(spec_model, dflash=drafter, spec_method="dflash", draft_tokens=k, vocab_limit=limit)
     try:
         want = run_batch(ref, reqs)
         got = run_batch(spec, reqs)
@@ -92,10 +94,16 @@ def test_greedy_batched_equals_spec_off(models, k: int, limit: int | None) -> No
 
 @pytest.mark.parametrize("k", [3, 15])
 def test_prefix_reuse_hit_and_miss_equal_spec_off(models, k: int) -> None:
-    plain, spec_model = models
+    plain, spec_model, drafter = models
     ref = engine(plain, no_prefix_reuse=True, max_concurrency=2, kv_capacity=512, vocab_limit=5)
     spec = engine(
-        spec_model, spec_method="dflash", draft_tokens=k, max_concurrency=2, kv_capacity=512, vocab_limit=5
+        spec_model,
+        dflash=drafter,
+        spec_method="dflash",
+        draft_tokens=k,
+        max_concurrency=2,
+        kv_capacity=512,
+        vocab_limit=5,
     )
     try:
         p1 = prompt(100, 1)
@@ -146,15 +154,17 @@ def reference_drafts(target: Any, drafter: Any, seq: list[int], k: int, limit: i
 @pytest.mark.parametrize("limit", [None, 4])
 def test_engine_drafts_equal_a_from_scratch_drafter(models, limit: int | None) -> None:
     """The context K/V kept across prefill chunks, accepted runs and prefix reuse equal a full rebuild."""
-    plain, spec_model = models
+    plain, spec_model, drafter = models
     k = 5
-    spec = engine(spec_model, spec_method="dflash", draft_tokens=k, prefill_chunk=32, vocab_limit=limit)
+    spec = engine(
+        spec_model, dflash=drafter, spec_method="dflash", draft_tokens=k, prefill_chunk=32, vocab_limit=limit
+    )
     seen: list[tuple[int, int, list[int]]] = []
     inner = spec.spec.drafter.propose
 
     def propose(rows, kk):
         out = inner(rows, kk)
-        seen.extend((r.position, r.token, p.tokens) for r, p in zip(rows, out, strict=True))
+        seen.extend((r.cached, r.token, p.tokens) for r, p in zip(rows, out, strict=True))
         return out
 
     spec.spec.drafter.propose = propose
@@ -171,4 +181,4 @@ def test_engine_drafts_equal_a_from_scratch_drafter(models, limit: int | None) -
         for i, (position, token, drafts) in enumerate(seen):
             full = [*p1, *g1] if i < rounds1 else [*p2, *g2]
             assert full[position] == token
-            assert drafts == reference_drafts(plain, spec_model.dflash, full[: position + 1], k, limit), i
+            assert drafts == reference_drafts(plain, drafter, full[: position + 1], k, limit), i

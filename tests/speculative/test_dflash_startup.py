@@ -24,7 +24,7 @@ from ninfer.engine.types import EngineConfigError
 from ninfer.model.weights import load_model
 from tests.engine.tiny import tiny_model
 from tests.speculative.helpers import engine, prompt, request, run_batch
-from tests.speculative.test_dflash_engine import DRAFTER, drafter_tensors, moe_model
+from tests.speculative.test_dflash_engine import DRAFTER, dflash_drafter, drafter_tensors, moe_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from hf_fixtures import make_hf_checkpoint
@@ -74,14 +74,15 @@ def test_missing_component_then_add_dflash_loads_the_drafter(artifacts) -> None:
     assert artifact_cli(["add-dflash", str(moe), str(drafter)]) == 0
     art = open_artifact(moe, verify=True)
     assert art.has_component("dflash")
-    assert load_spec_weights(_spec("dflash", 4), art, model, torch.float32, "cpu") is None
+    drafters = load_spec_weights(_spec("dflash", 4), art, model, torch.float32, "cpu")
+    assert drafters.draft_head is None and drafters.dflash is not None
     want = drafter_tensors(1, CONFIG)
-    assert all(torch.equal(model.dflash.state_dict()[n], t) for n, t in want.items())
+    assert all(torch.equal(drafters.dflash.state_dict()[n], t) for n, t in want.items())
     with pytest.raises(EngineConfigError, match="lm_head_draft applies to spec mtp only"):
         load_spec_weights(_spec("dflash", 4, head=True), art, model, torch.float32, "cpu")
     plain = load_model(art.config, art.load_tensors("text"), torch.float32, "cpu")
     reqs = [request(prompt(40 + 9 * i, i), max_tokens=12) for i in range(3)]
-    ref, spec = engine(plain), engine(model, spec_method="dflash", draft_tokens=7)
+    ref, spec = engine(plain), engine(model, dflash=drafters.dflash, spec_method="dflash", draft_tokens=7)
     try:
         assert [t for t, _, _ in run_batch(spec, reqs)] == [t for t, _, _ in run_batch(ref, reqs)]
     finally:
@@ -103,14 +104,16 @@ def test_engine_refusals() -> None:
     with pytest.raises(EngineConfigError, match="dflash needs a qwen3_5_moe"):
         engine(tiny_model(512), spec_method="dflash", draft_tokens=4)
     with pytest.raises(EngineConfigError, match="no DFlash drafter loaded"):
-        engine(moe_model(False), spec_method="dflash", draft_tokens=4)
-    with_drafter = moe_model(True)
+        engine(moe_model(), spec_method="dflash", draft_tokens=4)
+    target, drafter = moe_model(), dflash_drafter()
     for k in (0, 16):
         with pytest.raises(EngineConfigError, match=r"1\.\.15 with spec dflash"):
-            engine(with_drafter, spec_method="dflash", draft_tokens=k)
+            engine(target, dflash=drafter, spec_method="dflash", draft_tokens=k)
     with pytest.raises(EngineConfigError, match="lm_head_draft applies to spec mtp only"):
-        engine(with_drafter, spec_method="dflash", draft_tokens=4, lm_head_draft=True)
-    assert dataclasses.is_dataclass(with_drafter.dflash.cfg)
+        engine(target, dflash=drafter, spec_method="dflash", draft_tokens=4, lm_head_draft=True)
+    with pytest.raises(EngineConfigError, match=r"a DFlash drafter was given but spec\.method is not dflash"):
+        engine(target, dflash=drafter, spec_method="mtp", draft_tokens=4)
+    assert dataclasses.is_dataclass(drafter.cfg)
 
 
 def test_vision_is_refused_with_dflash(monkeypatch: pytest.MonkeyPatch) -> None:

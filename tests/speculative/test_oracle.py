@@ -33,7 +33,7 @@ class FakeTarget:
         logits = torch.zeros(b, q, VOCAB)
         for i in range(b):
             for t in range(q):
-                choice = _next(rows.tokens[i][t], rows.starts[i] + t)
+                choice = _next(rows.tokens[i][t], rows.cache_lens[i] + t)
                 logits[i, t, (choice + 1) % VOCAB if q == 1 else choice] = 1.0
         return StepOut(torch.zeros(b, q, 4), logits)
 
@@ -72,6 +72,6 @@ def test_wrong_fraction_replaces_drafts() -> None:
     target = FakeTarget()
     oracle.bind(target)
     rows = _rows()
-    right = [_next(r.token, r.position) for r in rows]
+    right = [_next(r.token, r.cached) for r in rows]
     got = [p.tokens[0] for p in oracle.propose(rows, 2)]
     assert all(g != t for g, t in zip(got, right, strict=True))

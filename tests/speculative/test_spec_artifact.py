@@ -39,7 +39,7 @@ def _spec(method, k=None, head=False):
 
 def _load(artifact, spec):
     model = load_model(artifact.config, artifact.load_tensors("text"), torch.float32, "cpu")
-    return model, load_spec_weights(spec, artifact, model, torch.float32, "cpu")
+    return model, load_spec_weights(spec, artifact, model, torch.float32, "cpu").draft_head
 
 
 def test_without_spec_no_mtp_weights_are_loaded(artifact) -> None:

@@ -97,11 +97,11 @@ def model():
     return mtp_model(0)
 
 
-def _engine(model: Any, grammars: Grammars, **kw: Any) -> Engine:
+def _engine(model: Any, grammars: Grammars, dflash: Any = None, **kw: Any) -> Engine:
     base = EngineConfig(
         max_concurrency=8, max_pending=16, max_context=256, prefill_chunk=64, kv_capacity=2048
     )
-    return Engine(model, replace(base, **kw), None, grammars=grammars).start()
+    return Engine(model, replace(base, **kw), None, grammars=grammars, dflash=dflash).start()
 
 
 def _requests(
@@ -298,10 +298,11 @@ def test_verification_masks_are_the_plain_paths_masks(grammars, tokenizer) -> No
 
 def test_dflash_constrained_equals_spec_off(grammars, tokenizer) -> None:
     """The DFlash drafter drafts constrained rows position by position under the lookahead masks."""
-    from tests.speculative.test_dflash_engine import moe_model
+    from tests.speculative.test_dflash_engine import dflash_drafter, moe_model
 
-    want = _run(moe_model(False), grammars, _requests())
-    got = _run(moe_model(True), grammars, _requests(), spec_method="dflash", draft_tokens=3)
+    want = _run(moe_model(), grammars, _requests())
+    drafter = dflash_drafter()
+    got = _run(moe_model(), grammars, _requests(), dflash=drafter, spec_method="dflash", draft_tokens=3)
     assert [t for t, _, _ in got] == [t for t, _, _ in want]
     _check_answers(tokenizer[0], got, reasoning_may_stop=True)  # this model's reasoning draws a stop
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ninfer.engine.config import DFLASH_MAX_DRAFT, MTP_MAX_DRAFT, EngineConfig
@@ -14,11 +16,29 @@ from ninfer.engine.speculative.oracle import OracleDrafter
 from ninfer.engine.types import EngineConfigError
 from ninfer.model.cache import KVPool, StatePool
 from ninfer.model.config import MOE
+from ninfer.model.dflash import DFlashDrafter
 
 
-def check_spec(config: EngineConfig, model: torch.nn.Module, draft_head: DraftHead | None) -> None:
+@dataclass(frozen=True)
+class Drafters:
+    """The speculative weights loaded beside the target for --spec (none without it): the MTP
+    proposal head (`lm_head_draft`) and the DFlash drafter. The MTP layer itself is part of the
+    target model (it reads the model's own hidden states and KV); these are passed to the engine."""
+
+    draft_head: DraftHead | None = None
+    dflash: DFlashDrafter | None = None
+
+
+def check_spec(
+    config: EngineConfig,
+    model: torch.nn.Module,
+    draft_head: DraftHead | None,
+    dflash: DFlashDrafter | None = None,
+) -> None:
     """The startup rejections: each one clear line, before anything is allocated."""
     method = config.spec_method
+    if dflash is not None and method != "dflash":
+        raise EngineConfigError("a DFlash drafter was given but spec.method is not dflash")
     if method is None:
         if config.lm_head_draft or draft_head is not None:
             raise EngineConfigError("lm_head_draft requires a speculative method (--spec mtp)")
@@ -26,7 +46,7 @@ def check_spec(config: EngineConfig, model: torch.nn.Module, draft_head: DraftHe
             raise EngineConfigError("spec_oracle_wrong_fraction requires a speculative method (--spec mtp)")
         return
     if method == "dflash":
-        check_dflash(config, model, draft_head)
+        check_dflash(config, model, draft_head, dflash)
         return
     if method != "mtp":
         raise EngineConfigError(
@@ -45,7 +65,9 @@ def check_spec(config: EngineConfig, model: torch.nn.Module, draft_head: DraftHe
         raise EngineConfigError("a proposal head was given but lm_head_draft is off")
 
 
-def check_dflash(config: EngineConfig, model: torch.nn.Module, draft_head: DraftHead | None) -> None:
+def check_dflash(
+    config: EngineConfig, model: torch.nn.Module, draft_head: DraftHead | None, dflash: DFlashDrafter | None
+) -> None:
     """--spec dflash: a 35B-A3B-family (MoE) text target with the artifact's DFlash drafter loaded."""
     if not 1 <= config.draft_tokens <= DFLASH_MAX_DRAFT:
         raise EngineConfigError(
@@ -57,7 +79,7 @@ def check_dflash(config: EngineConfig, model: torch.nn.Module, draft_head: Draft
         )
     if config.lm_head_draft or draft_head is not None:
         raise EngineConfigError("lm_head_draft applies to spec mtp only, not dflash")
-    if config.spec_oracle_wrong_fraction is None and getattr(model, "dflash", None) is None:
+    if config.spec_oracle_wrong_fraction is None and dflash is None:
         raise EngineConfigError("spec.method=dflash: no DFlash drafter loaded (artifact without 'dflash')")
 
 
@@ -76,11 +98,12 @@ def build_spec(
     max_pages: int,
     draft_head: DraftHead | None = None,
     cuda_graph: bool = False,
+    dflash: DFlashDrafter | None = None,
 ) -> SpecDecoder | None:
     """The decoder for `config.spec_method`, or None when speculation is off. `cuda_graph`: the step
     graphs are captured (the runner's manager then captures the MTP drafter's proposal graphs
     too, `SpecDecoder.add_graphs`)."""
-    check_spec(config, model, draft_head)
+    check_spec(config, model, draft_head, dflash)
     if config.spec_method is None:
         return None
     device, dtype = kv.device, kv.dtype
@@ -100,7 +123,8 @@ def build_spec(
             config.spec_oracle_wrong_fraction, config.spec_oracle_seed, config.vocab_limit,
         )  # fmt: skip
     elif config.spec_method == "dflash":
-        drafter = DFlashEngineDrafter(model, model.dflash, kv.num_pages, dtype, device, config.vocab_limit)
+        assert dflash is not None  # check_spec
+        drafter = DFlashEngineDrafter(model, dflash, kv.num_pages, dtype, device, config.vocab_limit)
     else:
         mtp = MTPDrafter(
             model, kv.num_pages, layout.num_slots, max_pages, dtype, device, draft_head, config.vocab_limit,

@@ -170,7 +170,7 @@ class SpecDecoder:
     def _ropes(self, rows: list[DecodeRow], q: int) -> torch.Tensor:
         """[3, B, q] rotary positions of q tokens fed from each row's position (multimodal prompts:
         + rope_delta), in one host->device copy; row j's first c are `[:, j, :c]`."""
-        return rope_positions([r.position + r.rope_delta for r in rows], q, self.device)
+        return rope_positions([r.cached + r.rope_delta for r in rows], q, self.device)
 
     def decode(self, plan: DecodePlan) -> StepResult:
         rows, k = plan.rows, self.k
@@ -178,7 +178,7 @@ class SpecDecoder:
         runs: list[list[int]] = [[] for _ in rows]
         logprobs: list[list[TokenLogprob] | None] = [None] * n
         drafted, accepted = [0] * n, [0] * n
-        spec = [i for i, r in enumerate(rows) if r.position + k + 1 <= len(r.pages) * PAGE]
+        spec = [i for i, r in enumerate(rows) if r.cached + k + 1 <= len(r.pages) * PAGE]
         chosen = set(spec)
         plain = [i for i in range(n) if i not in chosen]
         if plain:  # too close to the end of its pages for k+1 KV rows: one ordinary step
@@ -193,7 +193,7 @@ class SpecDecoder:
                 lp = None if lps is None else lps[j]
                 logprobs[i] = None if lp is None else [lp]
                 self.drafter.after_forward(
-                    r.slot, r.position, [r.token], out.hidden[j], ropes[:, j], r.pages, catch_up=False
+                    r.slot, r.cached, [r.token], out.hidden[j], ropes[:, j], r.pages, catch_up=False
                 )
         srows = [rows[i] for i in spec]
         inputs: list[list[int]] = []
@@ -261,7 +261,7 @@ class SpecDecoder:
             r = u.rows[j]
             self.drafter.after_forward(
                 r.slot,
-                r.position,
+                r.cached,
                 u.inputs[j][:c],
                 u.hidden[j, :c],
                 ropes[:, j, :c],  # type: ignore[index]

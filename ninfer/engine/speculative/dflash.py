@@ -115,13 +115,13 @@ class DFlashEngineDrafter:
         self, rows: list[DecodeRow]
     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor]:
         """Per draft layer the padded context (K, V) [B, C, nkv, D], positions [B, C], validity [B, C]."""
-        c = max(r.position for r in rows)
+        c = max(r.cached for r in rows)
         pos = torch.arange(c)  # [C]
         flat = torch.zeros(len(rows), c, dtype=torch.int64)
         for b, r in enumerate(rows):
-            p = pos[: r.position]
-            flat[b, : r.position] = torch.tensor(r.pages, dtype=torch.int64)[p // PAGE] * PAGE + p % PAGE
-        valid = (pos[None, :] < torch.tensor([r.position for r in rows])[:, None]).to(self.device)
+            p = pos[: r.cached]
+            flat[b, : r.cached] = torch.tensor(r.pages, dtype=torch.int64)[p // PAGE] * PAGE + p % PAGE
+        valid = (pos[None, :] < torch.tensor([r.cached for r in rows])[:, None]).to(self.device)
         flat = flat.to(self.device)
         ctx = []
         for layer in range(self.cfg.num_hidden_layers):
@@ -134,7 +134,7 @@ class DFlashEngineDrafter:
         """k drafts per row from one block forward: [anchor = the row's token, MASK x k]."""
         ids = torch.tensor([[r.token] + [self.cfg.mask_token_id] * k for r in rows], device=self.device)
         embeds = self.model.embed_tokens(ids) * self.cfg.input_embedding_scale  # [B, k+1, H]
-        first = torch.tensor([r.position for r in rows], device=self.device)
+        first = torch.tensor([r.cached for r in rows], device=self.device)
         positions = first[:, None] + torch.arange(k + 1, device=self.device)  # [B, k+1]
         ctx, ctx_pos, valid = self._context(rows)
         hidden = self.drafter(embeds, positions, ctx, ctx_pos, valid)  # [B, k+1, H]

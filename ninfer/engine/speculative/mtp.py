@@ -216,10 +216,10 @@ class MTPDrafter:
         lanes = []
         for r in rows:
             p = self.pending[r.slot]
-            if not plain_greedy(r.sampler) or p.end != r.position or p.hidden is None or p.rope is None:
+            if not plain_greedy(r.sampler) or p.end != r.cached or p.hidden is None or p.rope is None:
                 return None
             lane = DraftLane(
-                (*p.tokens[1:], r.token), p.start, r.position, r.rope_delta, r.pages, p.hidden, p.rope
+                (*p.tokens[1:], r.token), p.start, r.cached, r.rope_delta, r.pages, p.hidden, p.rope
             )
             if not g.fits(lane):
                 return None
@@ -232,7 +232,7 @@ class MTPDrafter:
         groups: dict[int, list[int]] = defaultdict(list)
         for i, r in enumerate(rows):
             p = self.pending[r.slot]
-            if p.end != r.position or not p.tokens:
+            if p.end != r.cached or not p.tokens:
                 raise RuntimeError(f"MTP drafter out of step on slot {r.slot}: pending {p.start}..{p.end}")
             groups[len(p.tokens)].append(i)
         for idx in groups.values():
@@ -251,7 +251,7 @@ class MTPDrafter:
             h = self.mtp(batch, hidden, self.kv)[:, -1]  # [G, H]
             for j, i in enumerate(idx):
                 out[i] = h[j]
-                self.pending[rows[i].slot] = Pending(rows[i].position)
+                self.pending[rows[i].slot] = Pending(rows[i].cached)
         return torch.stack(out)
 
     def propose(self, rows: list[DecodeRow], k: int) -> list[Proposal]:
@@ -266,7 +266,7 @@ class MTPDrafter:
             return self._eager(rows, k)
         out: list[Proposal | None] = [None] * len(rows)
         for i, d in zip(free, self.graphs.run(lanes), strict=True):
-            self.pending[rows[i].slot] = Pending(rows[i].position)
+            self.pending[rows[i].slot] = Pending(rows[i].cached)
             out[i] = Proposal(d, None)
         if masked:
             for i, p in zip(masked, self._eager([rows[i] for i in masked], k), strict=True):
@@ -286,12 +286,12 @@ class MTPDrafter:
                     break
                 batch = make_batch(
                     [[d[-1]] for d in drafts],
-                    [r.position + j for r in rows],
+                    [r.cached + j for r in rows],
                     [0] * len(rows),
                     [r.pages for r in rows],
                     self.max_pages,
                     self.device,
-                    positions=rope_positions([r.position + r.rope_delta + j for r in rows], 1, self.device),
+                    positions=rope_positions([r.cached + r.rope_delta + j for r in rows], 1, self.device),
                 )
                 x = self.mtp(batch, x[:, None], self.kv)[:, 0]
         finally:
