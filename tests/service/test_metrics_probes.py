@@ -49,7 +49,13 @@ def test_metrics_series_auth_and_values(server: Server) -> None:
     cached = u1["prompt_tokens_details"]["cached_tokens"] + u2["prompt_tokens_details"]["cached_tokens"]
     assert u2["prompt_tokens_details"]["cached_tokens"] > 0
 
+    # the counters are final once the answers are back; the gauges read the engine's snapshot,
+    # taken at its next step boundary, which may come just after the client has its answer
+    deadline = time.monotonic() + 10
     after = scrape(server.url, server.headers())
+    while after["vllm:num_requests_running{}"] != 0.0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        after = scrape(server.url, server.headers())
 
     def delta(key: str) -> float:
         return after[key] - before.get(key, 0.0)
