@@ -12,6 +12,7 @@ import torch
 
 from ninfer.engine.graphs import CaptureBackend, GraphStats, InstallCut, StepFn, StepGraphs, default_capture
 from ninfer.engine.pages import pages_for
+from ninfer.engine.penalty_counts import PenaltyCounts
 from ninfer.engine.plan import DecodePlan, PrefillBatch, PrefillPlan, SlotOp, StepPlan, StepResult
 from ninfer.engine.prompt_logprobs import score_positions
 from ninfer.engine.sampler import LogprobRows, check_drawn, sample_rows_full, sample_with_logprobs
@@ -102,6 +103,7 @@ class Runner:
         self.max_pages = max_pages
         self.device = device
         self.max_batch = max_batch
+        self.penalties = PenaltyCounts(max_batch, device)  # decode rounds' penalty counts, per lane
         # capture: None = CUDA graphs on a GPU; a backend is given by tests (e.g. EagerCapture)
         if capture is None:
             capture = default_capture(device)
@@ -190,7 +192,7 @@ class Runner:
     def can_launch_ahead(self, plan: StepPlan) -> TypeGuard[DecodePlan]:
         """Whether `launch` can feed this plan's next round its inputs on the device: a plain
         decode round (no speculative decoder) with no row whose logits depend on its tokens on
-        the host (penalties, grammar masks) or that reads logprobs back."""
+        the host (grammar masks; penalties count on the device) or that reads logprobs back."""
         return (
             isinstance(plan, DecodePlan)
             and self.spec is None
@@ -242,7 +244,10 @@ class Runner:
         step = self.forward(StepRows.for_decode(rows, [[r.token] for r in rows]), feed)
         # the in-graph argmax is a view of a static buffer: the copies below and a next round's
         # feed are queued before the next replay overwrites it
-        tokens, bad, lp = sample_rows_full(step.logits[:, -1], [r.sampler for r in rows], step.last_argmax())
+        logits, counted = self.penalties.penalize(step.logits[:, -1], rows)  # [B, V]
+        argmax = step.last_argmax() if counted is None else None
+        tokens, bad, lp = sample_rows_full(logits, [r.sampler for r in rows], argmax, penalized=True)
+        self.penalties.add(counted, tokens)  # on the device: a round launched next reads them
         flat = tokens if bad is None else torch.cat([tokens, bad])  # [B] or [2B]
         on_gpu = self.device.type == "cuda"
         host = torch.empty(flat.shape, dtype=torch.int64, pin_memory=on_gpu)

@@ -146,9 +146,10 @@ class RowSampler:
 
     @property
     def host_bound(self) -> bool:
-        """Whether a step needs this row's committed tokens on the host before it samples (penalties,
-        a grammar mask) or reads more than the token back (logprobs)."""
-        return self.penalized or self.constraint is not None or self.logprobs is not None
+        """Whether a decode round needs this row's committed tokens on the host before it samples
+        (a grammar mask) or reads more than the token back (logprobs). Penalties are not: a
+        plain decode round reads its counts on the device (`penalty_counts.PenaltyCounts`)."""
+        return self.constraint is not None or self.logprobs is not None
 
     def observe(self, token: int) -> None:
         """A committed token: counted (penalties) and accepted by the constraint."""
@@ -198,7 +199,7 @@ class RowSampler:
         return int(torch.multinomial(self.probs(logits), 1, generator=self.generator).item())
 
 
-def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A small host tensor on `device`: through pinned memory without waiting for the device."""
     if device.type == "cpu":
         return t
@@ -220,8 +221,8 @@ def _penalized(logits: torch.Tensor, samplers: list[RowSampler]) -> torch.Tensor
             vals[2] += [p.presence_penalty] * len(s.counts)
     out = logits
     if rows:
-        idx = _to(torch.tensor([rows, ids], dtype=torch.int64), logits.device)  # [2, N]
-        cnt, freq, pres = _to(torch.tensor(vals, dtype=logits.dtype), logits.device)  # 3 x [N]
+        idx = to_device(torch.tensor([rows, ids], dtype=torch.int64), logits.device)  # [2, N]
+        cnt, freq, pres = to_device(torch.tensor(vals, dtype=logits.dtype), logits.device)  # 3 x [N]
         out = logits.clone()
         out[idx[0], idx[1]] -= cnt * freq + pres  # fp32, as adjust(): c * frequency + presence
     return _masked(out, samplers, out is logits)
@@ -253,7 +254,7 @@ def _masked(logits: torch.Tensor, samplers: list[RowSampler], shared: bool) -> t
         return logits
     words = words[[rows.index(i) for i in kept]]
     out = logits.clone() if shared else logits
-    idx = _to(torch.tensor(kept, dtype=torch.int64), logits.device)
+    idx = to_device(torch.tensor(kept, dtype=torch.int64), logits.device)
     out[idx] = _apply_masks(out[idx], words)
     return out
 
@@ -265,7 +266,7 @@ def _all_allowed(n: int, vocab: int) -> torch.Tensor:
 
 def _apply_masks(logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
     """logits [N, V], host words [N, ceil(V / 32)] -> logits with -inf where a mask bit is clear."""
-    allowed = unpack_bitmask(_to(words, logits.device), logits.shape[1])  # [N, V]
+    allowed = unpack_bitmask(to_device(words, logits.device), logits.shape[1])  # [N, V]
     return logits.masked_fill(~allowed, float("-inf"))
 
 
@@ -327,7 +328,7 @@ def run_masked(
                 con.fill(words[c, len(drafts[i][: q - 1])])
         finally:
             con.rewind()
-    idx = _to(torch.tensor(rows, dtype=torch.int64), logits.device)
+    idx = to_device(torch.tensor(rows, dtype=torch.int64), logits.device)
     masked = _apply_masks(logits[idx].reshape(len(rows) * q, v), words.view(len(rows) * q, -1))
     return rows, masked.view(len(rows), q, v)
 
@@ -351,7 +352,7 @@ def batch_probs(logits: torch.Tensor, samplers: list[RowSampler]) -> torch.Tenso
         ],
         dtype=logits.dtype,
     )  # [4, B]; top_k <= 248320 is exact in float32
-    temp, top_k, top_p, min_p = _to(knobs, logits.device)[:, :, None]  # 4 x [B, 1]
+    temp, top_k, top_p, min_p = to_device(knobs, logits.device)[:, :, None]  # 4 x [B, 1]
     x = _scaled(logits, temp)
     kmax = max((p.top_k for p in ps if 0 < p.top_k < v), default=0)
     if kmax:  # the k-th largest value of each row; rows without top-k keep everything
@@ -418,8 +419,8 @@ def logprob_rows(
     rows = [i for i, s in enumerate(samplers) if s.logprobs is not None]
     if not rows:
         return None
-    idx = _to(torch.tensor(rows, dtype=torch.int64), adjusted.device)
-    temp = _to(torch.tensor([[samplers[i].params.temperature or 1.0] for i in rows]), adjusted.device)
+    idx = to_device(torch.tensor(rows, dtype=torch.int64), adjusted.device)
+    temp = to_device(torch.tensor([[samplers[i].params.temperature or 1.0] for i in rows]), adjusted.device)
     lp = torch.log_softmax(_scaled(adjusted[idx], temp), dim=-1)  # [N, V]
     chosen = lp.gather(1, tokens[idx][:, None])[:, 0]
     k = max(samplers[i].logprobs or 0 for i in rows)
@@ -453,11 +454,15 @@ def sample_rows_device(
 
 
 def sample_rows_full(
-    logits: torch.Tensor, samplers: list[RowSampler], argmax: torch.Tensor | None = None
+    logits: torch.Tensor,
+    samplers: list[RowSampler],
+    argmax: torch.Tensor | None = None,
+    penalized: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, LogprobRows | None]:
-    """`sample_rows_device` and the logprobs of the rows that asked for them."""
+    """`sample_rows_device` and the logprobs of the rows that asked for them. `penalized`: the
+    logits already carry every row's penalties (`PenaltyCounts.penalize`); only masks are applied."""
     b = logits.shape[0]
-    adjusted = _penalized(logits, samplers)
+    adjusted = _masked(logits, samplers, shared=True) if penalized else _penalized(logits, samplers)
     if argmax is None or adjusted is not logits:
         argmax = torch.argmax(adjusted, dim=-1)
     logits, greedy_tok = adjusted, argmax  # [B, V], [B]
@@ -471,7 +476,7 @@ def sample_rows_full(
     drawn = torch.argmax(probs / q, dim=-1)  # [B]
     is_stoch = torch.zeros(b, dtype=torch.bool)
     is_stoch[stochastic] = True
-    is_stoch = _to(is_stoch, logits.device)
+    is_stoch = to_device(is_stoch, logits.device)
     bad = is_stoch & ~((probs.amax(dim=-1) < float("inf")) & (probs.amin(dim=-1) >= 0))  # [B]
     tokens = torch.where(is_stoch, drawn, greedy_tok)
     return tokens, bad.long(), logprob_rows(adjusted, tokens, samplers)

@@ -136,16 +136,32 @@ def test_arrivals_and_cancels_while_rounds_are_in_flight(small_model) -> None:
         solo.shutdown(5)
 
 
-def test_penalized_rows_commit_every_round_first(small_model) -> None:
-    """Penalties read the committed tokens on the host: such batches are never launched ahead."""
+def test_penalized_rows_launch_ahead_on_device_counts(small_model) -> None:
+    """Penalties count the generated tokens on the device: penalized batches (greedy, and the
+    thinking preset's seeded sampling with a presence penalty) are launched ahead and give the
+    tokens of committing every round first; a second wave on the same lanes starts from its own
+    counts (each lane's count row is rewritten for its new request)."""
     eng = make_engine(small_model)
     count = AheadCount(eng)
     step = make_engine(small_model, launch_ahead=False)
+    knobs: list[dict[str, Any]] = [
+        {"temperature": 0.0, "frequency_penalty": 1.5},
+        {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "presence_penalty": 1.5, "seed": 7},
+        {"temperature": 0.0},
+        {"temperature": 0.8, "frequency_penalty": 0.4, "presence_penalty": 0.3, "seed": 11},
+    ]
     try:
-        params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, frequency_penalty=1.5)
-        reqs = [GenerationRequest("p", _prompt(20, 5), params)]
-        assert _run_all(eng, reqs) == _run_all(step, reqs)
-        assert count.fed == 0
+        for wave in range(2):
+            reqs = [
+                GenerationRequest(
+                    f"p{wave}{i}",
+                    _prompt(18 + 4 * i, 5 + wave),
+                    SamplingParams(max_tokens=10 + 3 * i, ignore_eos=True, **k),
+                )
+                for i, k in enumerate(knobs)
+            ]
+            assert _run_all(eng, reqs) == _run_all(step, reqs)
+        assert count.fed > 0
     finally:
         eng.shutdown(5)
         step.shutdown(5)
