@@ -65,8 +65,11 @@ class PenaltyCounts:
         index = to_device(torch.tensor([which, count_rows], dtype=torch.int64), self.device)
         b, c = index[0], index[1]
         seen = self.counts[c]  # [P, V]
+        sub = torch.where(seen > 0, seen * freq + pres, 0.0)
+        if len(which) == len(rows):  # every row penalized (a preset's penalty): no scatter
+            return logits - sub, (b, c)
         out = logits.clone()
-        out[b] = logits[b] - torch.where(seen > 0, seen * freq + pres, 0.0)
+        out[b] = logits[b] - sub
         return out, (b, c)
 
     def add(self, counted: Counted | None, tokens: torch.Tensor) -> None:

@@ -64,8 +64,3 @@ class Request:
     @property
     def need_pages(self) -> int:
         return pages_for(len(self.prompt) + self.entitlement)
-
-    @property
-    def cached(self) -> int:
-        """Prompt and generated tokens whose effect is in the lane's cache (0 before admission)."""
-        return 0 if self.lane is None else self.lane.cached

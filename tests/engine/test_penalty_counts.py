@@ -24,10 +24,11 @@ def _sampler(freq: float, pres: float, seed: int) -> RowSampler:
     return RowSampler(ResolvedSampling(1.0, 1.0, 0, 0.0, pres, freq, seed))
 
 
-def test_penalized_logits_equal_the_host_path_round_after_round() -> None:
+@pytest.mark.parametrize("every_row", [False, True], ids=["some-rows", "every-row"])
+def test_penalized_logits_equal_the_host_path_round_after_round(every_row: bool) -> None:
     g = torch.Generator().manual_seed(0)
     counts = PenaltyCounts(rows=4, device=torch.device("cpu"))
-    knobs = [(1.5, 0.0), (0.0, 1.5), (0.0, 0.0), (0.3, 0.7)]
+    knobs = [(1.5, 0.0), (0.0, 1.5), (0.2 if every_row else 0.0, 0.0), (0.3, 0.7)]
     rows = [Row(10 * i, _sampler(f, p, i)) for i, (f, p) in enumerate(knobs)]
     for r in rows[:2]:  # committed before their first decode round (a prompt's first token)
         r.sampler.observe(int(torch.randint(V, (1,), generator=g)))
