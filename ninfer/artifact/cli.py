@@ -142,7 +142,12 @@ def _import(src: Path, out: Path, force: bool) -> Path:
         w.profile = a.weight_profile if a.quantized else "bf16"
         for comp in a.components:
             cw = w.component(comp)
-            for name, t in a.load_tensors(comp).items():
+            tensors = a.load_tensors(comp)
+            if comp == "lm_head_draft":  # the seed's ids come by frequency; ours are ascending
+                from ninfer.artifact.lm_head_draft import sorted_draft
+
+                tensors = sorted_draft(tensors)
+            for name, t in tensors.items():
                 cw.add_quantized(name, t) if isinstance(t, QuantWeight) else cw.add(name, t.contiguous())
         w.write_json("config.json", a.config.to_dict())
         w.write_json("generation.json", a.generation)

@@ -108,6 +108,19 @@ def draft_tensors(
     return {"token_ids": ids, "weight": lm_head.index_select(0, ids).contiguous()}
 
 
+def sorted_draft(tensors: Mapping[str, torch.Tensor | QuantWeight]) -> dict[str, torch.Tensor | QuantWeight]:
+    """A proposal head whose ids come in another order (a seed file's, by frequency) -> this
+    component's form: ids int64 ascending, the rows in that order (format kept, as `draft_tensors`)."""
+    import torch
+
+    ids = tensors["token_ids"]
+    assert isinstance(ids, torch.Tensor)
+    order = ids.to(torch.int64).argsort()
+    out = draft_tensors(tensors["weight"], order.tolist())
+    out["token_ids"] = ids.to(torch.int64)[order]
+    return out
+
+
 def add_lm_head_draft(
     artifact_path: str | Path,
     size: int,

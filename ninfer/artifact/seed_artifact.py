@@ -11,8 +11,10 @@ the text / MTP tensors our model loads, assembled from the file's objects and bi
   and the load log say so.
 - The vision tower (when the file carries its tensors) is the `vision` component, every matrix
   dense (groupwise ones dequantized to bf16): our tower runs dense weights.
-- The DFlash drafters and the indexed proposal head of the file are not loaded (listed; a flag
-  that asks for one is refused by `not_loaded`).
+- The indexed proposal head (`proposal/head` rows of the output head for `proposal/token_ids`) is our
+  `lm_head_draft` component, in its stored format (`--lm-head-draft` with `--spec mtp`). The DFlash
+  drafters are not loaded (listed; a flag that asks for one is refused by `not_loaded`), nor is a
+  proposal over the full vocabulary (the output head itself: there is no reduced head to load).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ _SIZES = {"BF16": 2, "F32": 4, "I32": 4, "I64": 8}
 # our component -> (the seed components / logical-name prefixes carrying it, what it is, the flag)
 _UNLOADED = {
     "dflash": (("dflash", "dflash2"), "DFlash drafter", "--spec dflash"),
-    "lm_head_draft": (("proposal",), "indexed proposal head", "--lm-head-draft"),
+    "lm_head_draft": (("proposal",), "full-vocabulary proposal head (no reduced head)", "--lm-head-draft"),
 }
 SEED_MODEL_OF_FAMILY = {DENSE: "qwen3.6-27b", MOE: "qwen3.6-35b-a3b"}  # the seed's model per architecture
 
@@ -81,8 +83,8 @@ class SeedArtifact(Artifact):
         return self.model_id if lookup(self.model_id) is not None else SEED_MODEL_OF_FAMILY[self.family]
 
     def not_loaded(self, component: str) -> str | None:
-        """The file's DFlash drafters and indexed proposal head are not loaded: a flag that asks for
-        one is refused before anything loads (not "the artifact has none")."""
+        """The file's DFlash drafters, and a proposal head that is not indexed, are not loaded: a
+        flag that asks for one is refused before anything loads (not "the artifact has none")."""
         if component not in _UNLOADED or component in self.plan:
             return None
         seed_components, what, flag = _UNLOADED[component]

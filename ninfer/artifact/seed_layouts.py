@@ -62,8 +62,11 @@ V2_VISION: dict[str, dict[str, Any]] = {
     "qwen3.8-27b": {"model_type": "qwen3_5_vision", **_VISION},
     "qwen3.6-35b-a3b": {"model_type": "qwen3_5_moe_vision", **_VISION},
 }
-# logical names of components we do not load (listed by `inspect`); vision/ is loaded when asked for
+# logical names of components we do not load (listed by `inspect`); vision/ is loaded when asked for,
+# proposal/ when it is an indexed head (`proposal_targets`): a proposal over the full vocabulary is
+# the output head itself, which every speculative round already uses
 NOT_LOADED = ("vision/", "dflash/", "dflash2/", "proposal/")
+PROPOSAL_HEAD, PROPOSAL_IDS = "proposal/head", "proposal/token_ids"
 
 
 @dataclass(frozen=True)
@@ -296,6 +299,40 @@ def _v2_vision(sf: SeedFile, name: str, n: int) -> dict[str, tuple[Part, ...]]:
     return {logical: (Part(name, 0, n),)}
 
 
+def proposal_targets(c: TextConfig, bindings: dict[str, tuple[Part, ...]]) -> list[Target]:
+    """The indexed proposal head as our `lm_head_draft` component: row i of `proposal/head` is the
+    output-head row of id `proposal/token_ids[i]` (the ids unique, in the file's order; our draft
+    head sorts them). None without the id map (a full-vocabulary proposal, or none)."""
+    ids = bindings.get(PROPOSAL_IDS)
+    if ids is None or PROPOSAL_HEAD not in bindings:
+        return []
+    rows = sum(p.end - p.begin for p in ids)
+    h = c.hidden_size
+    return [
+        Target("lm_head_draft", "weight", (rows, h), ((PROPOSAL_HEAD, (rows, h)),)),
+        Target("lm_head_draft", "token_ids", (rows,), ((PROPOSAL_IDS, (rows,)),)),
+    ]
+
+
+def _check_proposal(sf: SeedFile, found: list[Target]) -> None:
+    """v3: the text component's declared proposal and its bindings agree (an indexed head of
+    `rows` rows has both `proposal/head` and `proposal/token_ids`, of that many rows)."""
+    text = sf.components.get("text") if sf.version >= 3 else None
+    if text is None:
+        return
+    declared = text.proposal if text.proposal is not None and text.proposal["domain"] == "indexed" else None
+    if declared is None and found:
+        raise SeedFormatError(
+            f"{sf.path}: {PROPOSAL_IDS!r} is bound but the text component declares no indexed proposal"
+        )
+    if declared is not None and (not found or found[1].shape[0] != declared["rows"]):
+        have = "no" if not found else f"{found[1].shape[0]} rows of"
+        raise SeedFormatError(
+            f"{sf.path}: the text component declares an indexed proposal of {declared['rows']} rows, "
+            f"the bindings have {have} {PROPOSAL_HEAD!r} / {PROPOSAL_IDS!r}"
+        )
+
+
 def has_mtp(sf: SeedFile, bindings: dict[str, tuple[Part, ...]]) -> bool:
     """Whether the file carries the MTP head (v3: the component; v2: its objects)."""
     if sf.version >= 3:
@@ -316,12 +353,16 @@ def bind(
     vision: dict[str, Any] | None = None,
 ) -> tuple[list[tuple[Target, tuple[Part, ...]]], list[str]]:
     """Our tensors with the object parts they are made of, and the logical names left unloaded
-    (DFlash, the proposal head; the vision tower without `vision`, its HF-style config). A missing
+    (DFlash, a full-vocabulary proposal head; the vision tower without `vision`, its HF-style config;
+    the indexed proposal head is our `lm_head_draft`, loaded when a flag asks for it). A missing
     parameter, a wrong element count, or a text / MTP name our model does not have is a
     `SeedFormatError` naming it."""
     plan: list[tuple[Target, tuple[Part, ...]]] = []
     used: set[str] = set()
     wanted = targets(c, mtp) + ([] if vision is None else vision_targets(vision, c.hidden_size))
+    proposal = proposal_targets(c, bindings)
+    _check_proposal(sf, proposal)
+    wanted += proposal
     for t in wanted:
         parts: list[Part] = []
         for logical, shape in t.sources:

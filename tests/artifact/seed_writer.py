@@ -270,9 +270,12 @@ RECIPES = {
 def build(
     hf_dir: Path, out: Path, version: int, recipe: str, *, model_id: str = "tiny-seed", limit: int = 32_000_000_000,
     tokenizer: bytes = b"{}", template: str = "{{ messages }}", formats: dict[str, str] | None = None,
+    proposal: int = 0,
 ) -> tuple[list[Path], dict[str, torch.Tensor]]:  # fmt: skip
     """A seed file of a tiny dense or MoE checkpoint; (files written, dequantized weights by HF name).
-    `formats` replaces entries of the recipe (e.g. a bf16 embedding and head for a full vocabulary)."""
+    `formats` replaces entries of the recipe (e.g. a bf16 embedding and head for a full vocabulary).
+    `proposal` rows: an indexed proposal head (`text/draft_head` Q4, the output-head rows of distinct
+    random ids, and `text/draft_head_token_ids` int32; `lm_head_draft.*` in the returned weights)."""
     r = {**RECIPES[recipe], **(formats or {})}
     cfg = json.loads((hf_dir / "config.json").read_text())
     text = cfg.get("text_config") or cfg
@@ -477,6 +480,14 @@ def build(
         block(f"model.layers.{i}.", f"text/layers/{i}/", f"text/layers/{i}/", kind == "full_attention")
     ref["model.norm.weight"] = put("text/final_norm", sd["model.norm.weight"], "bf16")
     ref["lm_head.weight"] = put("text/output_head", sd["lm_head.weight"], r["head"])
+    if proposal:  # in the seed's order: unique ids, not sorted
+        ids = torch.randperm(sd["lm_head.weight"].shape[0], generator=torch.Generator().manual_seed(17))[
+            :proposal
+        ]
+        ref["lm_head_draft.weight"] = put("text/draft_head", sd["lm_head.weight"][ids], "q4")
+        objs[-1].logical = "proposal/head"
+        ref["lm_head_draft.token_ids"] = put("text/draft_head_token_ids", ids.to(torch.int32), "int32")
+        objs[-1].logical = "proposal/token_ids"
     has_mtp = "mtp.fc.weight" in sd
     if has_mtp:
         ref["mtp.fc.weight"] = put("mtp/input_projection", sd["mtp.fc.weight"], r["mtp"])
@@ -503,6 +514,8 @@ def build(
             "vision": {"config": _vision_config(cfg.get("vision_config")), "target": "text",
                        "resources": {n: "frontend/" + n for n in list(res)[4:]}},
         }  # fmt: skip
+        if proposal:
+            comps["text"]["proposal"] = {"domain": "indexed", "rows": proposal}
         if has_mtp:
             arch = "Qwen3_5MoeMTP" if moe else "Qwen3_5MTP"
             comps["mtp"] = {"config": {"architectures": [arch]}, "target": "text"}

@@ -410,10 +410,62 @@ def test_inspect_and_serve_exit_2_on_a_broken_file(small_files, tmp_path) -> Non
     assert "overlaps" in run.stderr and "object" in run.stderr
 
 
-def test_a_proposal_head_flag_on_a_seed_file_is_refused_before_anything_loads(small_files, tmp_path) -> None:
-    """The file carries the seed's indexed proposal head, which we do not load: `--lm-head-draft`
-    fails the artifact settings check (the one the server and `ninfer` run before binding a port or
-    loading a weight: exit 2, this line) naming it as not loaded rather than absent."""
+@pytest.mark.parametrize("version", [2, 3])
+def test_the_indexed_proposal_head_of_a_seed_file_is_the_draft_head(
+    hf_dir, frontend, tmp_path, version
+) -> None:
+    """The file's indexed proposal head (rows of the output head for ids in the file's order) loads
+    as our `lm_head_draft` in its stored Q4: its ids, sorted, and its rows equal the writer's; MTP
+    speculation with it on the seed file gives the greedy tokens of speculation off."""
+    from types import SimpleNamespace
+
+    from ninfer.bootstrap import load_spec_weights, spec_fields
+    from ninfer.formats import QuantWeight
+    from ninfer.model.weights import load_model
+    from tests.speculative.helpers import assert_speculation_exact
+
+    files, ref = build(
+        hf_dir, tmp_path / "p.ninfer", version, "groupwise", model_id=MODEL_ID, limit=PART_LIMIT, proposal=96,
+        **frontend,
+    )  # fmt: skip
+    art = open_artifact(files[0])
+    assert art.has_component("lm_head_draft") and art.not_loaded("lm_head_draft") is None
+    spec = SimpleNamespace(method="mtp", draft_tokens=3, lm_head_draft=True)
+    spec_model = load_model(art.config, art.load_tensors("text"), torch.float32, "cpu")
+    head = load_spec_weights(spec, art, spec_model, torch.float32, "cpu").draft_head
+    assert head is not None
+    ids = ref["lm_head_draft.token_ids"].long()
+    order = ids.argsort()
+    assert not torch.equal(order, torch.arange(len(ids)))  # the file's order is not ascending
+    assert torch.equal(head.token_ids, ids[order])
+    assert isinstance(head.weight, QuantWeight)  # the stored Q4 rows, not a dense copy
+    assert torch.equal(head.weight.dequantize(), ref["lm_head_draft.weight"][order])
+    assert artifact_main(["import", str(files[0]), str(tmp_path / "ours")]) == 0  # our component's form
+    ours = open_artifact(tmp_path / "ours", verify=True).load_tensors("lm_head_draft")
+    assert ours["token_ids"].dtype == torch.int64 and torch.equal(ours["token_ids"], ids[order])
+    assert isinstance(ours["weight"], QuantWeight)
+    assert torch.equal(ours["weight"].dequantize(), ref["lm_head_draft.weight"][order])
+    plain = load_model(art.config, art.load_tensors("text"), torch.float32, "cpu")
+    assert_speculation_exact(plain, spec_model, head, **spec_fields(spec))
+
+
+def test_a_declared_proposal_must_match_its_bindings(tmp_path, hf_dir, frontend) -> None:
+    files, _ = build(
+        hf_dir, tmp_path / "d.ninfer", 3, "groupwise", model_id=MODEL_ID, proposal=32, **frontend
+    )
+    _rewrite(
+        files[0], lambda d: d["components"]["text"].update({"proposal": {"domain": "indexed", "rows": 31}})
+    )
+    with pytest.raises(SeedFormatError, match="declares an indexed proposal of 31 rows"):
+        open_artifact(files[0])
+
+
+def test_a_full_proposal_head_flag_on_a_seed_file_is_refused_before_anything_loads(
+    small_files, tmp_path
+) -> None:
+    """The file's proposal head is its full output head (no id map): there is no reduced head, and
+    `--lm-head-draft` fails the artifact settings check (the one the server and `ninfer` run before
+    binding a port or loading a weight: exit 2, this line) naming it as not loaded rather than absent."""
     from ninfer.config import ConfigError, check_artifact_settings, load_settings
 
     files = _copy(small_files[3], tmp_path / "f")
@@ -426,6 +478,7 @@ def test_a_proposal_head_flag_on_a_seed_file_is_refused_before_anything_loads(sm
     with pytest.raises(ConfigError) as info:
         check_artifact_settings(load_settings(["spec.method=mtp", "spec.lm_head_draft=true"]), art)
     assert str(info.value) == (
-        "spec.lm_head_draft=true: the indexed proposal head of a seed .ninfer file is not loaded "
+        "spec.lm_head_draft=true: the full-vocabulary proposal head (no reduced head) of a seed .ninfer "
+        "file is not loaded "
         "(the text model and MTP head are): drop --lm-head-draft"
     )

@@ -137,7 +137,7 @@ def test_mtp_speculation_on_a_quantized_artifact_equals_spec_off(checkpoint, tmp
     from types import SimpleNamespace
 
     from ninfer.bootstrap import load_spec_weights, spec_fields
-    from tests.speculative.helpers import engine, prompt, request, run_batch
+    from tests.speculative.helpers import assert_speculation_exact
 
     _, hf_dir = checkpoint
     art = open_artifact(convert(hf_dir, tmp_path / "q.ninfer", weights="groupwise-int"))
@@ -146,15 +146,7 @@ def test_mtp_speculation_on_a_quantized_artifact_equals_spec_off(checkpoint, tmp
     plain = load_model(art.config, art.load_tensors("text"), torch.float32, "cpu")
     spec_model = load_model(art.config, art.load_tensors("text"), torch.float32, "cpu")
     load_spec_weights(spec, art, spec_model, torch.float32, "cpu")
-    ref, eng = engine(plain, no_prefix_reuse=True), engine(spec_model, **spec_fields(spec))
-    try:
-        reqs = [request(prompt(20 + 7 * i, i), max_tokens=16) for i in range(3)]
-        want, got = run_batch(ref, reqs), run_batch(eng, reqs)
-        assert [t for t, _, _ in got] == [t for t, _, _ in want]
-        assert all(st.speculative["rounds"] > 0 for _, st, _ in got)
-    finally:
-        ref.shutdown(5)
-        eng.shutdown(5)
+    assert_speculation_exact(plain, spec_model, None, **spec_fields(spec))
 
 
 def _fp8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

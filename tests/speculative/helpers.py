@@ -86,6 +86,20 @@ def run_batch(eng: Any, reqs: Sequence[GenerationRequest]) -> list[tuple[list[in
     return out
 
 
+def assert_speculation_exact(plain: Any, spec_model: Any, head: DraftHead | None, **spec: Any) -> None:
+    """Three prompts through speculation off (`plain`) and on (`spec_model`, `spec` the engine's
+    spec fields): the same greedy tokens, every request with speculative rounds."""
+    ref, eng = engine(plain, no_prefix_reuse=True), engine(spec_model, head, **spec)
+    try:
+        reqs = [request(prompt(20 + 7 * i, i), max_tokens=16) for i in range(3)]
+        want, got = run_batch(ref, reqs), run_batch(eng, reqs)
+        assert [t for t, _, _ in got] == [t for t, _, _ in want]
+        assert all(st.speculative["rounds"] > 0 for _, st, _ in got)
+    finally:
+        ref.shutdown(5)
+        eng.shutdown(5)
+
+
 def run_logprobs(
     eng: Any, reqs: Sequence[GenerationRequest]
 ) -> list[tuple[list[int], list[TokenLogprob], RequestStats]]:
