@@ -15,13 +15,13 @@
 # of soak, SERVE_ARGS more flags; results under OUT_DIR/27b and OUT_DIR/35b), "serve_27b_seed" (the same served
 # run on a full-size seed .ninfer v3 file in the 27B groupwise-int layout, written by ops/bench/seed_synth.py to
 # /tmp (~17 GB, removed after; log OUT_DIR/seed_synth.log): OUT_DIR/27b_seed/*-serve-qwen3.6-27b-seed-v3-groupwise-int.json)
-# and "conversations_35b" (serve.py's conversations
-# mode on the 35B-A3B synthetic artifact: CONV_N conversations (16) over 8 lanes growing to
+# and "conversations_35b" / "conversations_27b" (serve.py's conversations
+# mode on the 35B-A3B / 27B synthetic artifact: CONV_N conversations (16) over 8 lanes growing to
 # CONV_HISTORY tokens (16384) in CONV_TURNS turns (4), the cold tier on GPU 1 when there is one,
 # else in pinned host memory (CONV_HOST_MIB MiB; unset: the server's default, a quarter of the
 # free host memory), then the same conversations with --no-cold-tier; CONV_S seconds (480),
 # CONV_ARGS more flags;
-# result under OUT_DIR/conv35), "prefill_graphs" (prefill_graphs.py on 10- and 8-layer 35B-A3B /
+# result under OUT_DIR/conv35b or OUT_DIR/conv27b), "prefill_graphs" (prefill_graphs.py on 10- and 8-layer 35B-A3B /
 # 27B artifacts: under OUT_DIR/pg) and "compile" (run.py's torch.compile'd decode on both models,
 # COMPILE_S seconds (400): under OUT_DIR/compile), "grammar_27b" / "grammar_35b" (grammar_overhead.py
 # on the serve steps' synthetic artifacts: under OUT_DIR/grammar), "quant_tests" (the quantized kernels'
@@ -100,9 +100,11 @@ for step in $steps; do
             --model qwen3.6-27b --out "$out/27b_seed" --soak-s "${SOAK_S:-120}" ${SERVE_ARGS:-} \
             -- --max-concurrency 8 --max-context 10240 --max-pending-requests 32
         rm -f /tmp/seed_27b.ninfer ;;
-    conversations_35b)  # restores from the cold tier against re-prefills, at the same history lengths
+    conversations_35b | conversations_27b)  # restores from the cold tier against re-prefills, same histories
+        shape=qwen3.6-35b-a3b
+        [ "$step" = conversations_27b ] && shape=qwen3.6-27b
         pkill -f ninfer.service.cli && sleep 5  # a server left by a step cut short holds the GPU
-        python3 -m ninfer.artifact synth --shape qwen3.6-35b-a3b "/tmp/$step.ninfer" --force >>"$out/$step.log" 2>&1
+        python3 -m ninfer.artifact synth --shape "$shape" "/tmp/$step.ninfer" --force >>"$out/$step.log" 2>&1
         history=${CONV_HISTORY:-16384}
         context=$((history + 2048))  # the KV pool holds every lane's full history: lanes, not pages, evict
         tier=""  # the tier's arena on the second GPU; on one GPU the server parks in pinned host memory
@@ -112,8 +114,8 @@ for step in $steps; do
             tier="--cold-tier-host-mib $CONV_HOST_MIB"
         fi
         # shellcheck disable=SC2086  # CONV_ARGS and tier are word lists
-        run "$step" "${CONV_S:-480}" python3 ops/bench/serve.py "/tmp/$step.ninfer" --model qwen3.6-35b-a3b \
-            --out "$out/conv35" --conversations "${CONV_N:-16}" --turns "${CONV_TURNS:-4}" \
+        run "$step" "${CONV_S:-480}" python3 ops/bench/serve.py "/tmp/$step.ninfer" --model "$shape" \
+            --out "$out/conv${step#conversations_}" --conversations "${CONV_N:-16}" --turns "${CONV_TURNS:-4}" \
             --history-tokens "$history" --compare-no-cold-tier \
             --skip first,c1,c8,c32,poisson,lengths,multi_turn,soak,engine ${CONV_ARGS:-} \
             -- --max-concurrency 8 --max-context "$context" --kv-capacity $((8 * context)) \
@@ -156,7 +158,7 @@ for step in $steps; do
         run micro 90 python3 ops/bench/moe_micro.py --out "$out"
         run micro 60 python3 ops/bench/gemv_micro.py --out "$out"
         ;;
-    *) echo "unknown step $step (quant_tests qgemv_micro quant_error bench_27b_q bench_27b_fp8 bench_35b_q memfit_27b bench_27b bench_35b serve_27b serve_35b serve_27b_seed conversations_35b prefill_graphs grammar_27b grammar_35b compile probe spec_identity moe_sweep kernel_tests micro)" ;;
+    *) echo "unknown step $step (quant_tests qgemv_micro quant_error bench_27b_q bench_27b_fp8 bench_35b_q memfit_27b bench_27b bench_35b serve_27b serve_35b serve_27b_seed conversations_35b conversations_27b prefill_graphs grammar_27b grammar_35b compile probe spec_identity moe_sweep kernel_tests micro)" ;;
     esac
 done
 echo "done in $(($(date +%s) - start)) s"

@@ -413,7 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     weights, result["format"] = _weights(args.artifact)
     result["weights"] = weights
     tag = "" if weights == "bf16" else f"-{weights}"
-    path = args.out / f"{meta['date'][:10]}-{meta['commit']}-serve-{args.model}{tag}.json"
+    # a run of the conversations alone (the HTTP load sections skipped) is named for them
+    only_conversations = args.conversations and {"c1", "c8", "c32"} <= skip
+    kind = "conversations" if only_conversations else "serve"
+    path = args.out / f"{meta['date'][:10]}-{meta['commit']}-{kind}-{args.model}{tag}.json"
 
     def save() -> None:  # after every section: a run cut short still leaves what it measured
         write_json(path, {**meta, **result})
@@ -486,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         result["conversations"].update(
             _compare_no_cold_tier(args.artifact, flags, args.out, args.ready_timeout_s, with_tier)
         )
+    if with_tier is not None:
+        result.update(conversations.headline(result["conversations"]))
         save()
     if "engine" not in skip:
         result.update(engine_alone([args.artifact, *flags], args.prompt_words, out_tokens, args.smoke))

@@ -310,3 +310,26 @@ def compare(tier: Measured, none: Measured) -> dict[str, Any]:
             "later_turns_identical": sum(1 for t, b in later if t.result.text == b.result.text),
         },
     }
+
+
+def headline(conversations: dict[str, Any]) -> dict[str, Any]:
+    """The figures a conversations result leads with (top level of its JSON): where the tier
+    parked (`host`, `gpu`), restore and re-prefill TTFT p50 over the same later turns, how many
+    turns were restored, whether every restored turn answered what the never-evicted run did, and
+    the lanes' decode rate while parking over the rate without the tier (from the streams'
+    inter-token latency, so restores' shorter TTFT does not count as throughput)."""
+    pair = conversations.get("restore_vs_reprefill") or {}
+    same = conversations.get("greedy_identity") or {}
+    none = conversations.get("no_cold_tier") or {}
+    itl_tier = (conversations.get("itl_ms") or {}).get("p50")
+    itl_none = (none.get("itl_ms") or {}).get("p50")
+    compared = same.get("compared_turns")
+    return {
+        "cold_tier_device": conversations.get("cold_tier_kind"),
+        "restore_ttft_ms": (pair.get("restore_ttft_ms") or {}).get("p50"),
+        "reprefill_ttft_ms": (pair.get("reprefill_ttft_ms") or {}).get("p50"),
+        "restore_over_reprefill": pair.get("restore_over_reprefill_p50"),
+        "restored_turns": conversations.get("restored"),
+        "restored_identical": bool(compared) and same.get("identical_turns") == compared,
+        "lanes_tok_s_ratio": round(itl_none / itl_tier, 3) if itl_tier and itl_none else None,
+    }

@@ -97,6 +97,16 @@ def test_split_counters_and_comparison(tmp_path: Path) -> None:
     assert ident["mismatches"] == [{"conversation": 0, "turn": 2, "prefix": "resident"}]
     assert ident["later_turns_compared"] == 4 and ident["later_turns_identical"] == 3
 
+    none_itl = {"itl_ms": {"p50": 12.0}}
+    head = conv.headline({**summary, **cmp, "no_cold_tier": none_itl})
+    assert head == {
+        "cold_tier_device": "gpu", "restore_ttft_ms": 20.0, "reprefill_ttft_ms": 80.0,
+        "restore_over_reprefill": 0.25, "restored_turns": 1, "restored_identical": False,
+        "lanes_tok_s_ratio": 1.2,
+    }  # fmt: skip
+    cmp["greedy_identity"]["identical_turns"] = 2
+    assert conv.headline({**summary, **cmp})["restored_identical"] is True
+
 
 def test_reason_the_server_gave(tmp_path: Path) -> None:
     log = _log(tmp_path, "one-gpu", [], None)
