@@ -64,8 +64,15 @@ def free(*engines: Engine | None) -> None:
         torch.cuda.empty_cache()
 
 
-def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int) -> dict[str, float]:
-    """Submit all prompts at once (greedy, ignore_eos). TTFT of the first request; decode tokens/s
+# the models' default thinking-mode sampling (generation_config.json, the served preset)
+THINKING_SAMPLING = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "presence_penalty": 1.5}
+
+
+def run_requests(
+    engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int, sampling: dict[str, float] | None = None
+) -> dict[str, float]:
+    """Submit all prompts at once (greedy unless `sampling` gives SamplingParams fields, seeded per
+    request; ignore_eos). TTFT of the first request; decode tokens/s
     over the window in which every request is decoding (last first token .. first last token),
     and the runner's mean seconds per decode step (model + sampling) over the whole run; with
     speculation, the drafted and accepted tokens of all requests (their request-log counters)."""
@@ -89,7 +96,12 @@ def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int
         req = GenerationRequest(
             request_id=f"bench-{i}",
             prompt_ids=p,
-            params=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+            params=SamplingParams(
+                max_tokens=max_tokens,
+                ignore_eos=True,
+                **(sampling or {"temperature": 0.0}),
+                seed=None if sampling is None else 1234 + i,
+            ),
         )
         handle = engine.submit(engine.reserve(), req)
         th = threading.Thread(target=consume, args=(i, handle))

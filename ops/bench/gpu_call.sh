@@ -19,7 +19,9 @@
 # mode on the 35B-A3B / 27B synthetic artifact: CONV_N conversations (16) over 8 lanes growing to
 # CONV_HISTORY tokens (16384) in CONV_TURNS turns (4), the cold tier on GPU 1 when there is one,
 # else in pinned host memory (CONV_HOST_MIB MiB; unset: the server's default, a quarter of the
-# free host memory), then the same conversations with --no-cold-tier; CONV_S seconds (480),
+# free host memory), then the same conversations with --no-cold-tier; the identity phase over
+# CONV_IDENTITY conversations (9: one more than the lanes) of CONV_IDENTITY_TOKENS-token answers
+# (256); CONV_S seconds (480),
 # CONV_ARGS more flags;
 # result under OUT_DIR/conv35b or OUT_DIR/conv27b), "prefill_graphs" (prefill_graphs.py on 10- and 8-layer 35B-A3B /
 # 27B artifacts: under OUT_DIR/pg) and "compile" (run.py's torch.compile'd decode on both models,
@@ -117,6 +119,7 @@ for step in $steps; do
         run "$step" "${CONV_S:-480}" python3 ops/bench/serve.py "/tmp/$step.ninfer" --model "$shape" \
             --out "$out/conv${step#conversations_}" --conversations "${CONV_N:-16}" --turns "${CONV_TURNS:-4}" \
             --history-tokens "$history" --compare-no-cold-tier \
+            --identity-conversations "${CONV_IDENTITY:-9}" --identity-tokens "${CONV_IDENTITY_TOKENS:-256}" \
             --skip first,c1,c8,c32,poisson,lengths,multi_turn,soak,engine ${CONV_ARGS:-} \
             -- --max-concurrency 8 --max-context "$context" --kv-capacity $((8 * context)) \
             --max-pending-requests 32 $tier ;;

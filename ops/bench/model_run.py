@@ -11,6 +11,7 @@ import torch
 
 from ninfer.model.config import TextConfig
 from ops.bench.engine_runs import (
+    THINKING_SAMPLING,
     EngineSpec,
     decode_round,
     free,
@@ -119,7 +120,10 @@ def bench_model(
     need = (lambda s: 0.0) if a.smoke else (lambda s: s)  # smoke: every section runs
     lanes = max(sz.batches)
     res["decode_tok_s"], res["decode_step_ms"], res["decode_context"] = {}, {}, ctx
-    eng = make_engine(model, a.es, ctx + a.decode_tokens + lanes + 64, lanes)
+    res["compiled"] = (
+        False  # these decode figures: the eager step in CUDA graphs (`compile`: the compiled one)
+    )
+    eng = make_engine(model, a.es, ctx + a.decode_tokens + lanes + 64, lanes, compile=res["compiled"])
     run_requests(eng, [random_prompt(min(256, ctx), 99, cfg.vocab_size)], 4)  # warm-up, graph capture
     res["cuda_graphs"] = None if eng.runner.graph_stats is None else eng.runner.graph_stats.as_dict()
     for bs in sz.batches:
@@ -129,6 +133,15 @@ def bench_model(
         log(f"{a.name}: decode bs={bs} at {ctx} = {r['decode_tok_s']:.1f} tok/s (step {r['step_ms']:.2f} ms)")
         save()
     res["roofline_fraction_bs1"] = res["decode_tok_s"]["1"] / res["roofline_decode_tok_s_bs1"]
+    # the same batches at the models' default thinking-mode sampling (top-k / top-p / presence penalty)
+    res["sampling"], res["sampling_tok_s"], res["sampling_over_greedy"] = THINKING_SAMPLING, {}, {}
+    for bs in sorted({1, lanes}):
+        prompts = [random_prompt(ctx, 2000 * bs + i, cfg.vocab_size) for i in range(bs)]
+        r = run_requests(eng, prompts, a.decode_tokens + bs, THINKING_SAMPLING)
+        res["sampling_tok_s"][str(bs)] = r["decode_tok_s"]
+        res["sampling_over_greedy"][str(bs)] = r["decode_tok_s"] / res["decode_tok_s"][str(bs)]
+        log(f"{a.name}: thinking-mode sampling bs={bs} = {r['decode_tok_s']:.1f} tok/s")
+        save()
     # the engine is idle: replaying a graph rewrites only the pages and slots of its last (finished) batch
     res["graph_replay_ms"] = {str(bs): graph_replay_ms(eng, bs) for bs in sz.batches}
     log(f"{a.name}: graph replay ms {res['graph_replay_ms']}")
@@ -145,6 +158,7 @@ def bench_model(
         res["eager_decode_tok_s_bs1"] = r["decode_tok_s"]
         try:
             res["profile"] = [profile_decode_step(eng, bs, ctx) for bs in (1, lanes)]
+            res["kernels_per_step"] = {str(p["bs"]): p.get("kernels_per_step") for p in res["profile"]}
         except Exception as exc:
             res["profile"] = [{"error": f"{type(exc).__name__}: {exc}"[:300]}]
             log(f"{a.name}: profile failed: {res['profile'][0]['error']}")

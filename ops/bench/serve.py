@@ -18,9 +18,12 @@ its own connection:
   TTFT split by how the request log says each got its prefix (`cold_tier_restored`,
   `prefix_reuse_path`), output tok/s, errors, and whether the server ran a cold tier (the reason
   when not). `--compare-no-cold-tier` then runs the same conversations on a second server with
-  `--no-cold-tier`: restore TTFT against re-prefill TTFT at the same turn, and greedy identity of
-  each later turn of a restored conversation (`ops/bench/serve_conversations.py`). To run it
-  alone: `--skip first,c1,c8,c32,poisson,lengths,multi_turn,soak,engine`;
+  `--no-cold-tier`: restore TTFT against re-prefill TTFT at the same turn; with
+  `--identity-conversations K` (more than the lanes) both servers also run K conversations one
+  request at a time (batch 1), interleaved with the tier (each later turn restored) and one after
+  another without it (never evicted), and compare the answers (`ops/bench/serve_conversations.py`).
+  To run it alone: `--skip first,c1,c8,c32,poisson,lengths,multi_turn,soak,engine` (the result is
+  then `DATE-COMMIT-conversations-MODEL.json`, led by the tier's headline figures);
 - `soak`: 32 clients for `--soak-s` seconds (requests, errors).
 Then it reads the server's compilations after ready (`/health` `late_compiles`), stops it, and
 measures the engine alone on the same artifact with the same settings (batch 1 and 8 tok/s, TTFT
@@ -31,6 +34,7 @@ of 8 prompts arriving together). One JSON lands in `--out`
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures as cf
 import json
 import os
@@ -301,23 +305,48 @@ def _conversations(server: Server, model_id: str, script: conversations.Script) 
     return conversations.measure(server.base, model_id, script, server.request_log, server.server_log)
 
 
+@dataclass
+class Alone:
+    """The identity phase on one server: its turns and what its request log says of them."""
+
+    turns: list[conversations.Turn]
+    view: conversations.LogView
+
+
+def _alone(server: Server, model_id: str, script: conversations.Script, args: argparse.Namespace,
+           interleaved: bool) -> Alone:  # fmt: skip
+    turns = conversations.drive_alone(
+        server.base, model_id, script, args.identity_conversations, interleaved,
+        args.identity_tokens or script.output_tokens,
+    )  # fmt: skip
+    return Alone(turns, conversations.read_log(server.request_log, {t.request_id for t in turns}))
+
+
 def _compare_no_cold_tier(
-    artifact: str, flags: list[str], out: Path, ready_timeout_s: float, with_tier: conversations.Measured
+    flags: list[str], args: argparse.Namespace, with_tier: conversations.Measured, alone: Alone | None
 ) -> dict[str, Any]:
     """The same conversations on a fresh server without the cold tier: its summary under
-    `no_cold_tier`, then restore against re-prefill and greedy identity."""
+    `no_cold_tier`, restore against re-prefill, and (after the tier's server ran its identity
+    phase, `alone`) the same identity conversations one after another, never evicted."""
     script = with_tier.script
-    server = Server(artifact, [*flags, "--no-cold-tier"], out, name="serve-no-cold-tier")
+    server = Server(args.artifact, [*flags, "--no-cold-tier"], args.out, name="serve-no-cold-tier")
+    never: Alone | None = None
     try:
-        ready_s = server.wait_ready(ready_timeout_s)
+        ready_s = server.wait_ready(args.ready_timeout_s)
         _, models = get_json(server.base, "/v1/models")
-        without = _conversations(server, models["data"][0]["id"], script)
+        model_id = models["data"][0]["id"]
+        without = _conversations(server, model_id, script)
+        if alone is not None:
+            never = _alone(server, model_id, script, args, interleaved=False)
     finally:
         server.stop()
-    return {
+    out = {
         "no_cold_tier": {"ready_s": round(ready_s, 3), **without.summary},
         **conversations.compare(with_tier, without),
     }
+    if alone is not None and never is not None:
+        out["identity"] = conversations.identity(alone.turns, alone.view, never.turns, never.view)
+    return out
 
 
 def _ratios(result: dict[str, Any]) -> None:
@@ -386,6 +415,23 @@ def main(argv: list[str] | None = None) -> int:
         help="the history a conversation reaches at its last turn (default 4096; 160 with --smoke)",
     )
     p.add_argument(
+        "--followup-tokens",
+        type=int,
+        default=None,
+        help="tokens of every user message after a conversation's first, which holds the rest of "
+        "the history (default 256; 16 with --smoke)",
+    )
+    p.add_argument(
+        "--identity-conversations",
+        type=int,
+        default=0,
+        help="with --compare-no-cold-tier: conversations (more than the lanes) run one request at a "
+        "time, interleaved on the tier's server and one after another without it, answers compared",
+    )
+    p.add_argument(
+        "--identity-tokens", type=int, default=None, help="max tokens per answer of the identity phase"
+    )
+    p.add_argument(
         "--compare-no-cold-tier",
         action="store_true",
         help="run the conversations again on a server with --no-cold-tier and compare",
@@ -436,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still stops the server
     server = Server(args.artifact, flags, args.out)
     with_tier: conversations.Measured | None = None
+    alone: Alone | None = None  # the identity phase on the tier's server
     try:
         result["ready_s"] = round(server.wait_ready(args.ready_timeout_s), 3)
         _, models = get_json(server.base, "/v1/models")
@@ -469,10 +516,19 @@ def main(argv: list[str] | None = None) -> int:
         save()
         if args.conversations:
             history = args.history_tokens or (160 if args.smoke else 4096)
-            script = conversations.plan(server.base, args.conversations, args.turns, history, out_tokens)
+            script = conversations.plan(
+                server.base,
+                args.conversations,
+                args.turns,
+                history,
+                out_tokens,
+                args.followup_tokens or (16 if args.smoke else 256),
+            )
             with_tier = _conversations(server, model_id, script)
             result["conversations"] = {**script.describe(), **with_tier.summary}
             save()
+            if args.identity_conversations and args.compare_no_cold_tier:
+                alone = _alone(server, model_id, script, args, interleaved=True)
         if "soak" not in skip:
             clients = 4 if args.smoke else 32
             soak, wall = timed_loop(server.base, load, clients, size.soak_s or args.soak_s)
@@ -486,9 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     if with_tier is not None and args.compare_no_cold_tier:
-        result["conversations"].update(
-            _compare_no_cold_tier(args.artifact, flags, args.out, args.ready_timeout_s, with_tier)
-        )
+        result["conversations"].update(_compare_no_cold_tier(flags, args, with_tier, alone))
     if with_tier is not None:
         result.update(conversations.headline(result["conversations"]))
         save()

@@ -1,16 +1,23 @@
 """The serving benchmark's conversations mode: many multi-turn conversations over few lanes.
 
 N conversations run at once through streaming Chat Completions (history re-sent, temperature 0),
-each for `turns` turns whose histories grow toward `history_tokens`: every turn appends the
-previous answer and a new user message of filler words, sized (through the server's `/tokenize`)
-so the last turn's prompt is about `history_tokens` long. With more conversations than the
-server's lanes, residents are evicted between their turns: parked in the cold tier when it is on,
-dropped otherwise (on one GPU, or the CPU, the tier is pinned host memory). Each request carries an `x-request-id`, so its line in the server's request log
-(`cached_tokens`, `prefix_reuse_path`, `cold_tier_restored`) says how the later turn got its
-prefix: restored from the cold tier, still resident on its lane, or prefilled again. `compare`
-sets a run with the tier against one without it on the same conversations: restore TTFT against
-re-prefill TTFT at the same turn (so the same history length), and whether each later turn of a
-restored conversation answered the same text (greedy).
+each for `turns` turns: a long first user message and short follow-ups (`followup_tokens`, as in
+chat and agent sessions), with the previous answer appended each turn, sized (through the server's
+`/tokenize`) so the last turn's prompt is about `history_tokens` long. With more conversations than
+the server's lanes, residents are evicted between their turns: parked in the cold tier when it is
+on, dropped otherwise (on one GPU, or the CPU, the tier is pinned host memory). Each request
+carries an `x-request-id`, so its line in the server's request log (`cached_tokens`,
+`prefix_reuse_path`, `cold_tier_restored`, `timings_seconds`) says how the later turn got its
+prefix: restored from the cold tier, still resident on its lane, or prefilled again. `compare` sets
+a run with the tier against one without it on the same conversations: restore TTFT against
+re-prefill TTFT at the same turn (so the same history length), as the client saw it and from the
+request's admission to a lane (queueing behind other conversations left out).
+
+Greedy identity is its own phase (`drive_alone`): one request in flight at a time, so every step
+runs at batch 1 and no kernel's numerics depend on what else is batched. On the tier's server the
+identity conversations go turn by turn over more conversations than lanes (each later turn finds
+its lane taken: parked, then restored); on the server without the tier the same conversations go
+one after another (each keeps its lane: never evicted). `identity` compares the two answer by answer.
 """
 
 from __future__ import annotations
@@ -41,11 +48,13 @@ class Script:
     turns: int
     history_tokens: int
     output_tokens: int
-    user_words: int  # filler words per user message
+    first_words: int  # filler words of the first user message (most of the history)
+    followup_words: int  # filler words of every later user message
     tokens_per_word: float
 
     def user_text(self, conversation: int, turn: int) -> str:
-        return prompt_text(self.user_words, 700_000 + 1000 * conversation + turn)
+        words = self.first_words if turn == 0 else self.followup_words
+        return prompt_text(words, 700_000 + 1000 * conversation + turn)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -53,22 +62,26 @@ class Script:
             "turns": self.turns,
             "history_tokens": self.history_tokens,
             "max_tokens_per_answer": self.output_tokens,
-            "user_words_per_turn": self.user_words,
+            "first_user_words": self.first_words,
+            "followup_user_words": self.followup_words,
             "tokens_per_word": round(self.tokens_per_word, 3),
             "temperature": 0.0,
         }
 
 
-def plan(base: str, conversations: int, turns: int, history_tokens: int, output_tokens: int) -> Script:
-    """User messages sized so that `turns` turns, each answer `output_tokens` long, reach
-    `history_tokens`: T * user + (T - 1) * answer = history."""
+def plan(
+    base: str, conversations: int, turns: int, history_tokens: int, output_tokens: int, followup_tokens: int
+) -> Script:
+    """User messages sized so that `turns` turns, each answer `output_tokens` long and each
+    follow-up `followup_tokens`, reach `history_tokens`: first + (T - 1) (answer + follow-up) = history."""
     sample_words = 200
     status, body = post_json(base, "/tokenize", {"prompt": prompt_text(sample_words, 1)})
     per_word = body["count"] / sample_words if status == 200 and body else 1.3
     answer = output_tokens + ANSWER_OVERHEAD
-    user = (history_tokens - (turns - 1) * answer) / turns - USER_OVERHEAD
-    words = max(MIN_WORDS, round(user / per_word))
-    return Script(conversations, turns, history_tokens, output_tokens, words, per_word)
+    followup = max(MIN_WORDS, round((followup_tokens - USER_OVERHEAD) / per_word))
+    later = (turns - 1) * (answer + followup * per_word + USER_OVERHEAD)
+    first = max(MIN_WORDS, round((history_tokens - later - USER_OVERHEAD) / per_word))
+    return Script(conversations, turns, history_tokens, output_tokens, first, followup, per_word)
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,26 @@ class Turn:
     result: Result
 
 
+def _turn(
+    base: str,
+    model: str,
+    script: Script,
+    messages: list[dict[str, Any]],
+    i: int,
+    t: int,
+    rid: str,
+    max_tokens: int,
+) -> Turn:
+    """Conversation i's turn t: its user message appended to `messages`, sent, and on success its
+    answer appended (the history the next turn re-sends)."""
+    messages.append({"role": "user", "content": script.user_text(i, t)})
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
+    r = stream(base, "chat", body, request_id=rid)
+    if r.status == 200 and r.error is None:
+        messages.append({"role": "assistant", "content": r.text})
+    return Turn(i, t, rid, r)
+
+
 def drive(base: str, model: str, script: Script) -> tuple[list[Turn], float]:
     """Every conversation in its own thread, turn after turn; -> turns, wall seconds. A conversation
     whose request fails stops there (its next turn would lack the answer)."""
@@ -87,25 +120,66 @@ def drive(base: str, model: str, script: Script) -> tuple[list[Turn], float]:
         messages: list[dict[str, Any]] = []
         out = []
         for t in range(script.turns):
-            messages.append({"role": "user", "content": script.user_text(i, t)})
-            body = {
-                "model": model,
-                "messages": messages,
-                "max_tokens": script.output_tokens,
-                "temperature": 0.0,
-            }
-            rid = f"conv{i}-turn{t}"
-            r = stream(base, "chat", body, request_id=rid)
-            out.append(Turn(i, t, rid, r))
-            if r.status != 200 or r.error is not None:
+            out.append(_turn(base, model, script, messages, i, t, f"conv{i}-turn{t}", script.output_tokens))
+            if not _ok(out[-1]):
                 break
-            messages.append({"role": "assistant", "content": r.text})
         return out
 
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(script.conversations) as pool:
         turns = [t for conv in pool.map(conversation, range(script.conversations)) for t in conv]
     return turns, time.perf_counter() - t0
+
+
+IDENTITY_BASE = 100  # the identity phase's conversations: numbered apart from the loaded run's
+
+
+def drive_alone(
+    base: str, model: str, script: Script, conversations: int, interleaved: bool, max_tokens: int
+) -> list[Turn]:
+    """One request in flight at a time, over `conversations` conversations of the script's turns:
+    turn by turn across the conversations (`interleaved`: with more conversations than lanes,
+    each later turn finds its lane taken) or conversation by conversation (each keeps its lane).
+    A conversation whose request fails takes no further turns."""
+    ids = [IDENTITY_BASE + c for c in range(conversations)]
+    histories: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
+    failed: set[int] = set()
+    order = (
+        [(i, t) for t in range(script.turns) for i in ids]
+        if interleaved
+        else [(i, t) for i in ids for t in range(script.turns)]
+    )
+    out = []
+    for i, t in order:
+        if i in failed:
+            continue
+        turn = _turn(base, model, script, histories[i], i, t, f"alone{i}-turn{t}", max_tokens)
+        out.append(turn)
+        if not _ok(turn):
+            failed.add(i)
+    return out
+
+
+def identity(tier: list[Turn], tier_view: LogView, never: list[Turn], never_view: LogView) -> dict[str, Any]:
+    """The identity phase: every turn the tier's server restored from the cold tier against the
+    same turn of the same conversation on the server that never evicted it, answer for answer."""
+    reference = {(t.conversation, t.turn): t for t in never}
+    restored = [t for t in tier if prefix_source(tier_view.records.get(t.request_id)) == "restored"]
+    pairs = [(t, b) for t in restored if _ok(t) and _ok(b := reference.get((t.conversation, t.turn)))]
+    mismatches = [
+        {"conversation": t.conversation, "turn": t.turn} for t, b in pairs if t.result.text != b.result.text
+    ]
+    never_paths = Counter(prefix_source(never_view.records.get(t.request_id)) for t in never if t.turn > 0)
+    return {
+        "conversations": len({t.conversation for t in tier}),
+        "turns": len(tier),
+        "errors": sum(1 for t in [*tier, *never] if not _ok(t)),
+        "restored_turns": len(restored),
+        "compared_turns": len(pairs),
+        "identical_turns": len(pairs) - len(mismatches),
+        "mismatches": mismatches[:8],
+        "never_evicted_later_turns": dict(sorted(never_paths.items())),  # all "resident" when never evicted
+    }
 
 
 @dataclass
@@ -255,8 +329,8 @@ def measure(base: str, model: str, script: Script, request_log: Path, server_log
 
 def compare(tier: Measured, none: Measured) -> dict[str, Any]:
     """The run with the cold tier against the run without it, turn by turn: restore TTFT against
-    re-prefill TTFT where the first restored and the second prefilled, and greedy identity of every
-    later turn of a restored conversation (from its first restored turn on)."""
+    re-prefill TTFT where the first restored and the second prefilled (client and admitted), and
+    how many later turns of a restored conversation answered what the re-prefilled one did."""
     other = {(t.conversation, t.turn): t for t in none.turns}
 
     def source(m: Measured, t: Turn) -> str:
@@ -274,13 +348,24 @@ def compare(tier: Measured, none: Measured) -> dict[str, Any]:
     for t in tier.turns:
         if source(tier, t) == "restored":
             first_restored.setdefault(t.conversation, t.turn)
-    pairs = [
-        (t.result.ttft_s, b.result.ttft_s, t.result.prompt_tokens)
+
+    def admitted(m: Measured, t: Turn) -> float | None:
+        """Server TTFT less the time queued for a lane (what the restore or prefill itself cost)."""
+        timings = (m.view.records.get(t.request_id) or {}).get("timings_seconds") or {}
+        if "ttft" not in timings:
+            return None
+        return float(timings["ttft"]) - float(timings.get("queue", 0.0))
+
+    matched = [
+        (t, b)
         for t, b in both_ok(lambda t: source(tier, t) == "restored")
         if source(none, b) == "prefill" and t.result.ttft_s is not None and b.result.ttft_s is not None
     ]
+    pairs = [(t.result.ttft_s, b.result.ttft_s, t.result.prompt_tokens) for t, b in matched]
     restore = percentiles([p[0] for p in pairs])
     reprefill = percentiles([p[1] for p in pairs])
+    restore_in = percentiles([x for t, _ in matched if (x := admitted(tier, t)) is not None])
+    reprefill_in = percentiles([x for _, b in matched if (x := admitted(none, b)) is not None])
     ratio = None
     if restore["p50"] is not None and reprefill["p50"]:
         ratio = round(restore["p50"] / reprefill["p50"], 3)
@@ -300,8 +385,13 @@ def compare(tier: Measured, none: Measured) -> dict[str, Any]:
             "restore_ttft_ms": restore,
             "reprefill_ttft_ms": reprefill,
             "restore_over_reprefill_p50": ratio,
+            "restore_admitted_ttft_ms": restore_in,
+            "reprefill_admitted_ttft_ms": reprefill_in,
         },
-        "greedy_identity": {
+        # the loaded runs' answers side by side: a re-prefill computes the history in other chunks
+        # and batches than the turns that built it, so in bf16 these need not match (identity is
+        # the `identity` phase's)
+        "same_as_reprefilled_run": {
             "restored_conversations": len(first_restored),
             "compared_turns": len(compared),
             "identical_turns": len(compared) - len(mismatches),
@@ -319,17 +409,22 @@ def headline(conversations: dict[str, Any]) -> dict[str, Any]:
     the lanes' decode rate while parking over the rate without the tier (from the streams'
     inter-token latency, so restores' shorter TTFT does not count as throughput)."""
     pair = conversations.get("restore_vs_reprefill") or {}
-    same = conversations.get("greedy_identity") or {}
+    same = conversations.get("identity") or {}
     none = conversations.get("no_cold_tier") or {}
     itl_tier = (conversations.get("itl_ms") or {}).get("p50")
     itl_none = (none.get("itl_ms") or {}).get("p50")
-    compared = same.get("compared_turns")
+    restored = same.get("restored_turns")
     return {
         "cold_tier_device": conversations.get("cold_tier_kind"),
         "restore_ttft_ms": (pair.get("restore_ttft_ms") or {}).get("p50"),
         "reprefill_ttft_ms": (pair.get("reprefill_ttft_ms") or {}).get("p50"),
         "restore_over_reprefill": pair.get("restore_over_reprefill_p50"),
+        "restore_admitted_ttft_ms": (pair.get("restore_admitted_ttft_ms") or {}).get("p50"),
+        "reprefill_admitted_ttft_ms": (pair.get("reprefill_admitted_ttft_ms") or {}).get("p50"),
         "restored_turns": conversations.get("restored"),
-        "restored_identical": bool(compared) and same.get("identical_turns") == compared,
+        # every turn the identity phase restored answered as the never-evicted conversation did
+        "restored_identical": bool(restored)
+        and same.get("compared_turns") == restored
+        and same.get("identical_turns") == restored,
         "lanes_tok_s_ratio": round(itl_none / itl_tier, 3) if itl_tier and itl_none else None,
     }

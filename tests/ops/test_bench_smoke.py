@@ -46,6 +46,10 @@ def test_smoke_run_writes_every_section(tmp_path: Path) -> None:
                     "hf_decode_tok_s_bs1", "eager_decode_tok_s_bs1"):  # fmt: skip
             assert _positive(m[key]), (name, key, m.get(key), m.get("hf_error"))
         assert all("error" not in p and p["kernels_per_step"] > 0 for p in m["profile"])
+        assert set(m["kernels_per_step"]) == {"1", "2"} and all(map(_positive, m["kernels_per_step"].values()))
+        assert m["compiled"] is False and m["sampling"]["top_k"] == 20
+        assert set(m["sampling_tok_s"]) == {"1", "2"} and all(map(_positive, m["sampling_tok_s"].values()))
+        assert all(map(_positive, m["sampling_over_greedy"].values()))
         spec = m["spec"]
         for table in ("oracle", "oracle_raw", "oracle_verify_only"):
             assert set(spec[table]) == {"1", "3"}

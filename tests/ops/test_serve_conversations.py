@@ -12,8 +12,9 @@ from ops.bench import serve_conversations as conv
 from ops.bench.serve_client import Result
 
 SCRIPT = conv.Script(
-    conversations=2, turns=3, history_tokens=300, output_tokens=8, user_words=40, tokens_per_word=1.3
-)
+    conversations=2, turns=3, history_tokens=300, output_tokens=8, first_words=180, followup_words=10,
+    tokens_per_word=1.3,
+)  # fmt: skip
 
 
 def _done(rid: str | None, path: str = "none", restored: bool = False, parks: int = 0) -> dict[str, Any]:
@@ -88,7 +89,7 @@ def test_split_counters_and_comparison(tmp_path: Path) -> None:
     cmp = conv.compare(tier, none)
     rv = cmp["restore_vs_reprefill"]
     assert rv["pairs"] == 1 and rv["restore_over_reprefill_p50"] == 0.25 and rv["history_tokens_mean"] == 200
-    ident = cmp["greedy_identity"]  # conv0 from its restored turn 1 on: turn 2 answered differently
+    ident = cmp["same_as_reprefilled_run"]  # conv0 from its restored turn 1 on: turn 2 answered differently
     assert (
         ident["restored_conversations"] == 1
         and ident["compared_turns"] == 2
@@ -97,15 +98,30 @@ def test_split_counters_and_comparison(tmp_path: Path) -> None:
     assert ident["mismatches"] == [{"conversation": 0, "turn": 2, "prefix": "resident"}]
     assert ident["later_turns_compared"] == 4 and ident["later_turns_identical"] == 3
 
+    assert rv["restore_admitted_ttft_ms"]["p50"] == rv["reprefill_admitted_ttft_ms"]["p50"] == 50.0
+
+    # the identity phase: conv0's turns 1 and 2 restored on the tier's server, conv1's resident
+    alone_paths = dict(paths, **{"conv0-turn2": ("restore_turn_checkpoint", True)})
+    alone_events = [_done(i, *alone_paths.get(i, ("none", False))) for i in ids]
+    alone_log = _log(tmp_path, "alone", alone_events, {"arenas": []})
+    never_log = _log(tmp_path, "never", [_done(i, "append_frontier") for i in ids], None)
+    alone_view, never_view = conv.read_log(alone_log, set(ids), 0), conv.read_log(never_log, set(ids), 0)
+    same = conv.identity(_turns({}, {}), alone_view, _turns({}, {}), never_view)
+    assert same["restored_turns"] == same["compared_turns"] == same["identical_turns"] == 2
+    assert same["never_evicted_later_turns"] == {"resident": 4} and same["errors"] == 0
+    differs = conv.identity(_turns({}, {}), alone_view, _turns({}, {(0, 2): "b"}), never_view)
+    assert differs["identical_turns"] == 1 and differs["mismatches"] == [{"conversation": 0, "turn": 2}]
+
     none_itl = {"itl_ms": {"p50": 12.0}}
-    head = conv.headline({**summary, **cmp, "no_cold_tier": none_itl})
+    head = conv.headline({**summary, **cmp, "identity": differs, "no_cold_tier": none_itl})
     assert head == {
         "cold_tier_device": "gpu", "restore_ttft_ms": 20.0, "reprefill_ttft_ms": 80.0,
-        "restore_over_reprefill": 0.25, "restored_turns": 1, "restored_identical": False,
+        "restore_over_reprefill": 0.25, "restore_admitted_ttft_ms": 50.0,
+        "reprefill_admitted_ttft_ms": 50.0, "restored_turns": 1, "restored_identical": False,
         "lanes_tok_s_ratio": 1.2,
     }  # fmt: skip
-    cmp["greedy_identity"]["identical_turns"] = 2
-    assert conv.headline({**summary, **cmp})["restored_identical"] is True
+    assert conv.headline({**summary, **cmp, "identity": same})["restored_identical"] is True
+    assert conv.headline({**summary, **cmp})["restored_identical"] is False  # no identity phase
 
 
 def test_reason_the_server_gave(tmp_path: Path) -> None:
