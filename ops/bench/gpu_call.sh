@@ -122,7 +122,7 @@ for step in $steps; do
             --identity-conversations "${CONV_IDENTITY:-9}" --identity-tokens "${CONV_IDENTITY_TOKENS:-256}" \
             --skip first,c1,c8,c32,poisson,lengths,multi_turn,soak,engine ${CONV_ARGS:-} \
             -- --max-concurrency 8 --max-context "$context" --kv-capacity $((8 * context)) \
-            --max-pending-requests 32 $tier ;;
+            --max-pending-requests 32 --pending-timeout-ms 300000 $tier ;;  # 16 long first turns queue
     prefill_graphs)  # short prefills eager / one row per replay / grouped, and a burst of 8 (reduced depth)
         run prefill_graphs 150 python3 ops/bench/prefill_graphs.py --shape qwen3.6-35b-a3b --layers 10 --out "$out/pg"
         run prefill_graphs 150 python3 ops/bench/prefill_graphs.py --shape qwen3.6-27b --layers 8 --out "$out/pg"
