@@ -66,7 +66,8 @@ class CompileCache:
 
 
 def setup_compile_cache(root: str | Path | None = None) -> CompileCache:
-    """Point TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR at <root>/inductor and <root>/triton.
+    """Point TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR at <root>/inductor and <root>/triton,
+    with Inductor's FX / AOT caches and Triton's autotuning cache on (unless set otherwise).
 
     root: argument, else $NINFER_COMPILE_CACHE, else <repository>/compile_cache. Call before
     anything compiles (Triton JIT, fla autotuning, torch.compile); both libraries read the
@@ -81,6 +82,10 @@ def setup_compile_cache(root: str | Path | None = None) -> CompileCache:
     os.environ["TRITON_CACHE_DIR"] = str(triton)
     os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
     os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+    # autotuned kernels (fla's) keep their chosen config in the Triton cache: a warm start skips
+    # their timing runs, and a restarted server runs the configs it ran before, so it computes the
+    # same bits on the same input (timings that come out close can otherwise pick another config)
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     cache = CompileCache(base, inductor, triton, count_files(inductor), count_files(triton))
     log.info(
         "compile cache %s (%s): %d inductor, %d triton files present",

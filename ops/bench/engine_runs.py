@@ -133,12 +133,15 @@ def run_requests(
 
 
 def category(kernel: str) -> str:
-    """Coarse kernel category by name (GEMM, norm, attention, GDN, MoE, copy, other)."""
+    """Coarse kernel category by name (GEMM, GEMV, norm, attention, GDN, MoE, copy, other). GEMV is
+    the decode projections' Triton kernels (bf16 and quantized) with their split-K sums: the
+    weight streaming itself, apart from the small glue kernels "other" should count."""
     k = kernel.lower()
     for cat, keys in (
+        ("gemv", ("_gemv_kernel", "qgemv", "_split_sum_kernel", "_mma_kernel", "_lanes_kernel", "_words_kernel")),
         ("gemm", ("gemm", "nvjet", "cutlass", "sm90_xmma", "matmul", "splitk", "aten::mm", "aten::bmm")),
         ("norm", ("_rms_kernel", "_gated_kernel", "_norm_rope_kernel", "norm")),
-        ("attention", ("paged", "attention", "attn", "flash", "write_kv")),
+        ("attention", ("paged", "attention", "attn", "flash", "write_kv", "combine_splits")),
         ("gdn", ("gdn", "delta", "conv", "fused_recurrent")),
         (
             "moe",
@@ -152,8 +155,8 @@ def category(kernel: str) -> str:
                 "gather",
                 "index",
                 "_route_kernel",
-                "_gate_up_kernel",
-                "_down_kernel",
+                "gate_up_kernel",
+                "down_kernel",
             ),
         ),
         ("copy", ("copy", "memcpy", "memset", "fill")),

@@ -170,6 +170,12 @@ def identity(tier: list[Turn], tier_view: LogView, never: list[Turn], never_view
         {"conversation": t.conversation, "turn": t.turn} for t, b in pairs if t.result.text != b.result.text
     ]
     never_paths = Counter(prefix_source(never_view.records.get(t.request_id)) for t in never if t.turn > 0)
+    # same input on both sides: a turn whose history already differs (an earlier answer did) is not
+    # the restore's doing
+    same_input = [(t, b) for t, b in pairs if t.result.prompt_tokens == b.result.prompt_tokens]
+    # the control: first turns are fresh prefills on both servers, no tier involved; one answering
+    # differently says the two processes do not compute bit for bit alike on the same input
+    firsts = [(t, b) for t in tier if t.turn == 0 and _ok(t) and _ok(b := reference.get((t.conversation, 0)))]
     return {
         "conversations": len({t.conversation for t in tier}),
         "turns": len(tier),
@@ -178,6 +184,10 @@ def identity(tier: list[Turn], tier_view: LogView, never: list[Turn], never_view
         "compared_turns": len(pairs),
         "identical_turns": len(pairs) - len(mismatches),
         "mismatches": mismatches[:8],
+        "same_input_turns": len(same_input),
+        "same_input_identical": sum(1 for t, b in same_input if t.result.text == b.result.text),
+        "first_turns_compared": len(firsts),
+        "first_turns_identical": sum(1 for t, b in firsts if t.result.text == b.result.text),
         "never_evicted_later_turns": dict(sorted(never_paths.items())),  # all "resident" when never evicted
     }
 

@@ -11,7 +11,7 @@ from ninfer.service.compile_cache import ENV_ROOT, setup_compile_cache
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", ENV_ROOT):
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING", ENV_ROOT):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -22,6 +22,7 @@ def test_setup_points_both_caches_under_the_root_and_counts_files(tmp_path, clea
     cache = setup_compile_cache(tmp_path)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
+    assert os.environ["TRITON_CACHE_AUTOTUNING"] == "1"  # autotuned configs persist beside the kernels
     assert (cache.inductor_files_at_start, cache.triton_files_at_start, cache.warm) == (0, 1, True)
     (tmp_path / "inductor" / "g.py").write_text("")
     (tmp_path / "triton" / "abc" / "k.json").write_text("{}")

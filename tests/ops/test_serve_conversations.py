@@ -109,8 +109,15 @@ def test_split_counters_and_comparison(tmp_path: Path) -> None:
     same = conv.identity(_turns({}, {}), alone_view, _turns({}, {}), never_view)
     assert same["restored_turns"] == same["compared_turns"] == same["identical_turns"] == 2
     assert same["never_evicted_later_turns"] == {"resident": 4} and same["errors"] == 0
+    assert same["same_input_turns"] == same["same_input_identical"] == 2
+    assert same["first_turns_compared"] == same["first_turns_identical"] == 2
     differs = conv.identity(_turns({}, {}), alone_view, _turns({}, {(0, 2): "b"}), never_view)
     assert differs["identical_turns"] == 1 and differs["mismatches"] == [{"conversation": 0, "turn": 2}]
+    assert differs["same_input_identical"] == 1 and differs["first_turns_identical"] == 2
+    other = _turns({}, {(1, 0): "b"})  # conv1's first answer differs: no tier involved
+    other[1].result.prompt_tokens += 1  # so conv0's turn 1 came with another history
+    control = conv.identity(_turns({}, {}), alone_view, other, never_view)
+    assert control["first_turns_identical"] == 1 and control["same_input_turns"] == 1
 
     none_itl = {"itl_ms": {"p50": 12.0}}
     head = conv.headline({**summary, **cmp, "identity": differs, "no_cold_tier": none_itl})
