@@ -138,7 +138,10 @@ def category(kernel: str) -> str:
     weight streaming itself, apart from the small glue kernels "other" should count."""
     k = kernel.lower()
     for cat, keys in (
-        ("gemv", ("_gemv_kernel", "qgemv", "_split_sum_kernel", "_mma_kernel", "_lanes_kernel", "_words_kernel")),
+        (
+            "gemv",
+            ("_gemv_kernel", "qgemv", "_split_sum_kernel", "_mma_kernel", "_lanes_kernel", "_words_kernel"),
+        ),
         ("gemm", ("gemm", "nvjet", "cutlass", "sm90_xmma", "matmul", "splitk", "aten::mm", "aten::bmm")),
         ("norm", ("_rms_kernel", "_gated_kernel", "_norm_rope_kernel", "norm")),
         ("attention", ("paged", "attention", "attn", "flash", "write_kv", "combine_splits")),
