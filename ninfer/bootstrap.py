@@ -205,7 +205,7 @@ def load_spec_weights(
 
 def load_dflash_drafter(artifact: Artifact, dtype: torch.dtype, device: str | torch.device) -> DFlashDrafter:
     """The artifact's `dflash` component as a drafter on `device`."""
-    from ninfer.artifact.dflash import COMPONENT, read_dflash_config
+    from ninfer.artifact.dflash import COMPONENT
     from ninfer.model.dflash import load_dflash
 
     if not artifact.has_component(COMPONENT):
@@ -214,7 +214,7 @@ def load_dflash_drafter(artifact: Artifact, dtype: torch.dtype, device: str | to
             "(add one with `python -m ninfer.artifact add-dflash ARTIFACT DRAFTER_HF_DIR`)"
         )
     try:
-        cfg = read_dflash_config(artifact.path)
+        cfg = artifact.dflash_config()
         return load_dflash(cfg, artifact.load_tensors(COMPONENT), dtype, device)
     except ValueError as exc:
         raise EngineConfigError(f"spec.method=dflash: {exc}") from None

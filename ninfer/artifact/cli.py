@@ -111,6 +111,7 @@ def _inspect_seed(a, tensors: bool) -> None:  # type: ignore[no-untyped-def]
         print(
             f"component     {comp:<6} {len(info):>5} tensors loaded ({_size(sum(i.nbytes for i in info.values()))} in memory)"
         )
+    _inspect_seed_dflash(a)
     slow = a.dequantized_on_load()
     if slow:
         print(f"dequantized   {len(slow)} tensors load as bf16 (e.g. {slow[0]})")
@@ -127,8 +128,32 @@ def _inspect_seed(a, tensors: bool) -> None:  # type: ignore[no-untyped-def]
                 print(f"  {comp:<6} {name:<60} {'+'.join(stored[name]):<28} {i.dtype:<8} {list(i.shape)}")
 
 
+def _inspect_seed_dflash(a) -> None:  # type: ignore[no-untyped-def]
+    """The file's DFlash companion: the drafter it loads as and where its config comes from, or why
+    it does not load."""
+    d = a.dflash
+    if d is None:
+        why = a.not_loaded("dflash")
+        if why is not None:
+            print(f"dflash        NOT LOADED: {why}")
+        return
+    sliding = sum(t == "sliding_attention" for t in d.layer_types)
+    mask = {None: "sliding layers causal, the others not", True: "causal", False: "non-causal"}[d.is_causal]
+    print(
+        f"dflash        drafter of {d.num_hidden_layers} layers, hidden {d.hidden_size}, heads "
+        f"{d.num_attention_heads}/{d.num_key_value_heads} x {d.head_dim}, FFN {d.intermediate_size}, "
+        f"features of target layers {list(d.target_layer_ids)}, block {d.block_size}, mask id {d.mask_token_id}"
+    )
+    print(
+        f"              {sliding} sliding-window layers (window {d.sliding_window}), attention {mask}; "
+        f"config from {a.dflash_source}; --spec dflash dequantizes its matrices to the engine dtype "
+        "(the drafter runs dense weights)"
+    )
+
+
 def _import(src: Path, out: Path, force: bool) -> Path:
-    """A seed file -> our artifact directory: groupwise tensors as their planes, the rest as loaded."""
+    """A seed file -> our artifact directory: groupwise tensors as their planes, the rest as loaded;
+    a DFlash companion as our `dflash` component with its config as a checkpoint's config.json."""
     from ninfer.artifact.opener import open_artifact
     from ninfer.artifact.writer import ArtifactWriter
     from ninfer.formats import QuantWeight
@@ -149,6 +174,10 @@ def _import(src: Path, out: Path, force: bool) -> Path:
                 tensors = sorted_draft(tensors)
             for name, t in tensors.items():
                 cw.add_quantized(name, t) if isinstance(t, QuantWeight) else cw.add(name, t.contiguous())
+        if a.has_component("dflash"):  # our component keeps its config beside it, as a checkpoint's
+            from ninfer.artifact.reader import DFLASH_CONFIG
+
+            w.write_json(DFLASH_CONFIG, a.dflash_config().to_hf())
         w.write_json("config.json", a.config.to_dict())
         w.write_json("generation.json", a.generation)
         w.write_text("frontend/chat_template.jinja", a.chat_template)

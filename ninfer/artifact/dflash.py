@@ -1,8 +1,10 @@
 """The `dflash` component: a DFlash block drafter's weights plus its HF config as a side file.
 
 Stored as `weights/dflash*.safetensors` (the drafter's tensors under their HF names) and
-`dflash/config.json` (the drafter checkpoint's config.json, verbatim). The drafter has no embedding
-or head of its own: it uses the target's `embed_tokens` and `lm_head`.
+`dflash/config.json` (the drafter checkpoint's config.json, verbatim; for a seed file's companion
+written by `import`, its config in that form, and its W8 matrices as quantized planes, dequantized
+when the drafter is built). The drafter has no embedding or head of its own: it uses the target's
+`embed_tokens` and `lm_head`.
 """
 
 from __future__ import annotations
@@ -11,27 +13,13 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ninfer.artifact.errors import ArtifactError
 from ninfer.artifact.files import digest_tree
 from ninfer.artifact.manifest import read_manifest
-
-if TYPE_CHECKING:
-    from ninfer.model.dflash import DFlashConfig
+from ninfer.artifact.reader import DFLASH_CONFIG as CONFIG
 
 COMPONENT = "dflash"
-CONFIG = "dflash/config.json"
-
-
-def read_dflash_config(artifact_root: str | Path) -> DFlashConfig:
-    """The drafter config stored with the component (ValueError when it is not a usable DFlash config)."""
-    from ninfer.model.dflash import DFlashConfig
-
-    path = Path(artifact_root) / CONFIG
-    if not path.is_file():
-        raise ValueError(f"{path} is missing (the dflash component needs its config)")
-    return DFlashConfig.from_hf(json.loads(path.read_text(encoding="utf-8")))
 
 
 def add_dflash(artifact_path: str | Path, drafter_dir: str | Path) -> Path:

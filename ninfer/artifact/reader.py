@@ -19,12 +19,14 @@ if TYPE_CHECKING:  # torch is imported only when weights are loaded (inspect/ver
     import torch
 
     from ninfer.formats import QuantWeight
+    from ninfer.model.dflash import DFlashConfig
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer/tokenizer.json"
 TEMPLATE = "frontend/chat_template.jinja"
 GENERATION = "generation.json"
 REQUIRED = (CONFIG, TOKENIZER, TEMPLATE, GENERATION)
+DFLASH_CONFIG = "dflash/config.json"  # the dflash component's drafter config (its HF config.json)
 SYNTHETIC_FILE = "<synthetic>"  # the one pseudo-file of a synthetic component's headers
 
 
@@ -108,6 +110,19 @@ class Artifact:
 
     def has_component(self, name: str) -> bool:
         return name in self.manifest.components
+
+    def dflash_config(self) -> DFlashConfig:
+        """The `dflash` component's drafter config, stored beside it (ValueError when it is missing
+        or not a usable DFlash config)."""
+        from ninfer.model.dflash import DFlashConfig
+
+        path = self.path / DFLASH_CONFIG
+        if not path.is_file():
+            raise ValueError(f"{path} is missing (the dflash component needs its config)")
+        try:
+            return DFlashConfig.from_hf(_load_json(path))
+        except KeyError as exc:
+            raise ValueError(f"{path}: missing field {exc}") from None
 
     def media_config(self, name: str) -> dict[str, Any] | None:
         """A processor config carried from the checkpoint (`MEDIA_CONFIGS`), or None when absent."""

@@ -12,9 +12,13 @@ the text / MTP tensors our model loads, assembled from the file's objects and bi
 - The vision tower (when the file carries its tensors) is the `vision` component, every matrix
   dense (groupwise ones dequantized to bf16): our tower runs dense weights.
 - The indexed proposal head (`proposal/head` rows of the output head for `proposal/token_ids`) is our
-  `lm_head_draft` component, in its stored format (`--lm-head-draft` with `--spec mtp`). The DFlash
-  drafters are not loaded (listed; a flag that asks for one is refused by `not_loaded`), nor is a
-  proposal over the full vocabulary (the output head itself: there is no reduced head to load).
+  `lm_head_draft` component, in its stored format (`--lm-head-draft` with `--spec mtp`).
+- The DFlash companion is our `dflash` component (`--spec dflash`), its W8 matrices as stored, its
+  config from the file's declaration or, for v2, its shapes and the seed's documented facts
+  (`seed_dflash`); when that config cannot be established the drafter is not loaded and
+  `--spec dflash` is refused naming why. Not loaded: DFlash 2 (`dflash2`), and a proposal over the
+  full vocabulary (the output head itself: there is no reduced head to load); a flag that asks for
+  one is refused by `not_loaded`.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from ninfer.artifact.quant_store import QuantSpec
 from ninfer.artifact.reader import Artifact
 from ninfer.artifact.registry import lookup
 from ninfer.artifact.seed_container import FORMATS, Part, SeedFile, SeedFormatError, decode, read_seed_file
+from ninfer.artifact.seed_dflash import carries_dflash, dflash_config, dflash_targets, v2_geometry, v2_split
 from ninfer.artifact.seed_layouts import V2_MODELS, V2_VISION, Target, bind, has_mtp, has_vision, v2_bindings
 from ninfer.artifact.writer import generation_json
 from ninfer.formats.registry import format_of, plane_shapes
@@ -44,6 +49,7 @@ if TYPE_CHECKING:
     import torch
 
     from ninfer.formats import QuantWeight
+    from ninfer.model.dflash import DFlashConfig
 
 log = logging.getLogger("ninfer.artifact")
 NATIVE_KINDS = ("direct", "groupwise")  # loaded as stored; every other kind is dequantized to bf16
@@ -51,7 +57,7 @@ _DTYPE_TAG = {"bf16": "BF16", "fp32": "F32", "int32": "I32", "int64": "I64"}
 _SIZES = {"BF16": 2, "F32": 4, "I32": 4, "I64": 8}
 # our component -> (the seed components / logical-name prefixes carrying it, what it is, the flag)
 _UNLOADED = {
-    "dflash": (("dflash", "dflash2"), "DFlash drafter", "--spec dflash"),
+    "dflash": (("dflash2",), "DFlash 2 drafter (ours runs DFlashDraftModel)", "--spec dflash"),
     "lm_head_draft": (("proposal",), "full-vocabulary proposal head (no reduced head)", "--lm-head-draft"),
 }
 SEED_MODEL_OF_FAMILY = {DENSE: "qwen3.6-27b", MOE: "qwen3.6-35b-a3b"}  # the seed's model per architecture
@@ -65,6 +71,8 @@ class SeedArtifact(Artifact):
     plan: dict[str, list[tuple[Target, tuple[Part, ...]]]] = field(default_factory=dict)
     unloaded: list[str] = field(default_factory=list)  # logical parameters of components not loaded
     frontend_dir: Path = Path()
+    dflash: DFlashConfig | None = None  # the DFlash drafter's config, when the file's is established
+    dflash_source: str = ""  # where that config comes from, or why it cannot be established
 
     @property
     def sf(self) -> SeedFile:
@@ -83,10 +91,16 @@ class SeedArtifact(Artifact):
         return self.model_id if lookup(self.model_id) is not None else SEED_MODEL_OF_FAMILY[self.family]
 
     def not_loaded(self, component: str) -> str | None:
-        """The file's DFlash drafters, and a proposal head that is not indexed, are not loaded: a
-        flag that asks for one is refused before anything loads (not "the artifact has none")."""
+        """A DFlash drafter whose config cannot be established, DFlash 2, and a proposal head that is
+        not indexed are not loaded: a flag that asks for one is refused before anything loads (not
+        "the artifact has none")."""
         if component not in _UNLOADED or component in self.plan:
             return None
+        if component == "dflash" and carries_dflash(self.unloaded):
+            return (
+                f"the DFlash drafter of this seed .ninfer file is not loaded, its config cannot be "
+                f"established ({self.dflash_source}): drop --spec dflash"
+            )
         seed_components, what, flag = _UNLOADED[component]
         carried = any(c in self.sf.components for c in seed_components) or any(
             n.startswith(tuple(c + "/" for c in seed_components)) for n in self.unloaded
@@ -96,6 +110,11 @@ class SeedArtifact(Artifact):
         return (
             f"the {what} of a seed .ninfer file is not loaded (the text model and MTP head are): drop {flag}"
         )
+
+    def dflash_config(self) -> DFlashConfig:
+        if self.dflash is None:
+            raise ValueError(f"{self.path}: no DFlash drafter loads from this file ({self.dflash_source})")
+        return self.dflash
 
     def media_config(self, name: str) -> dict[str, Any] | None:
         ref = self.sf.resource_roles().get(name)
@@ -342,7 +361,21 @@ def open_seed(path: str | Path) -> SeedArtifact:
     config = _config(sf, bindings, gen_cfg)
     if has_vision(bindings):
         config = dataclasses.replace(config, vision=_vision_config(sf, config.hidden_size))
-    plan_list, unloaded = bind(sf, config, bindings, config.mtp_num_hidden_layers > 0, config.vision)
+    drafter, drafter_source = None, ""
+    if carries_dflash(bindings):
+        geometry = None
+        if sf.version == 2:  # the inventory checked, the fused parents split by its shapes
+            geometry = v2_geometry(sf)
+            bindings = v2_split(bindings, geometry)
+        drafter, drafter_source = dflash_config(sf, config, geometry)
+    plan_list, unloaded = bind(
+        sf,
+        config,
+        bindings,
+        config.mtp_num_hidden_layers > 0,
+        config.vision,
+        None if drafter is None else dflash_targets(drafter),
+    )
     plan: dict[str, list[tuple[Target, tuple[Part, ...]]]] = {}
     quantized: dict[str, dict[str, QuantSpec]] = {}
     for t, parts in plan_list:
@@ -373,6 +406,8 @@ def open_seed(path: str | Path) -> SeedArtifact:
         plan=plan,
         unloaded=unloaded,
         frontend_dir=_frontend_dir(sf, sf.resource(roles["tokenizer.json"])),
+        dflash=drafter,
+        dflash_source=drafter_source,
     )
     art.manifest = Manifest(
         FORMAT_VERSION,

@@ -63,8 +63,9 @@ V2_VISION: dict[str, dict[str, Any]] = {
     "qwen3.6-35b-a3b": {"model_type": "qwen3_5_moe_vision", **_VISION},
 }
 # logical names of components we do not load (listed by `inspect`); vision/ is loaded when asked for,
-# proposal/ when it is an indexed head (`proposal_targets`): a proposal over the full vocabulary is
-# the output head itself, which every speculative round already uses
+# dflash/ when its config is established (`seed_dflash`), proposal/ when it is an indexed head
+# (`proposal_targets`): a proposal over the full vocabulary is the output head itself, which every
+# speculative round already uses; dflash2/ (DFlash 2) is never loaded
 NOT_LOADED = ("vision/", "dflash/", "dflash2/", "proposal/")
 PROPOSAL_HEAD, PROPOSAL_IDS = "proposal/head", "proposal/token_ids"
 
@@ -351,18 +352,20 @@ def bind(
     bindings: dict[str, tuple[Part, ...]],
     mtp: bool,
     vision: dict[str, Any] | None = None,
+    dflash: list[Target] | None = None,
 ) -> tuple[list[tuple[Target, tuple[Part, ...]]], list[str]]:
     """Our tensors with the object parts they are made of, and the logical names left unloaded
-    (DFlash, a full-vocabulary proposal head; the vision tower without `vision`, its HF-style config;
-    the indexed proposal head is our `lm_head_draft`, loaded when a flag asks for it). A missing
-    parameter, a wrong element count, or a text / MTP name our model does not have is a
+    (DFlash 2, a DFlash drafter without `dflash`, its targets (`seed_dflash`), a full-vocabulary
+    proposal head; the vision tower without `vision`, its HF-style config; the indexed proposal head
+    is our `lm_head_draft`, loaded when a flag asks for it). A missing parameter, a wrong element
+    count, or a text / MTP (with `dflash`: DFlash) name our model does not have is a
     `SeedFormatError` naming it."""
     plan: list[tuple[Target, tuple[Part, ...]]] = []
     used: set[str] = set()
     wanted = targets(c, mtp) + ([] if vision is None else vision_targets(vision, c.hidden_size))
     proposal = proposal_targets(c, bindings)
     _check_proposal(sf, proposal)
-    wanted += proposal
+    wanted += proposal + (dflash or [])
     for t in wanted:
         parts: list[Part] = []
         for logical, shape in t.sources:
@@ -381,7 +384,8 @@ def bind(
             parts.extend(got)
         plan.append((t, tuple(parts)))
     left = sorted(set(bindings) - used)
-    unknown = [n for n in left if not n.startswith(NOT_LOADED)]
+    unloaded = tuple(p for p in NOT_LOADED if not (dflash and p == "dflash/"))
+    unknown = [n for n in left if not n.startswith(unloaded)]
     if unknown:
         raise SeedFormatError(
             f"{sf.path}: parameter {unknown[0]!r} has no place in this {c.family} model"

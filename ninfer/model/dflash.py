@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from ninfer.formats import QuantWeight
 
 FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
 
@@ -89,6 +92,35 @@ class DFlashConfig:
             output_multiplier=float(value("output_multiplier", 1.0)),
             final_logit_softcapping=float(softcap) if softcap else None,
         )
+
+    def to_hf(self) -> dict[str, Any]:
+        """This config as a drafter checkpoint's config.json (`from_hf` reads it back equal)."""
+        d: dict[str, Any] = {
+            "architectures": ["DFlashDraftModel"],
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "layer_types": list(self.layer_types),
+            "use_sliding_window": self.sliding_window is not None,
+            "sliding_window": self.sliding_window,
+            "attention_bias": self.attention_bias,
+            "dflash_config": {
+                "block_size": self.block_size,
+                "target_layer_ids": list(self.target_layer_ids),
+                "mask_token_id": self.mask_token_id,
+                "input_embedding_scale": self.input_embedding_scale,
+                "output_multiplier": self.output_multiplier,
+                "final_logit_softcapping": self.final_logit_softcapping,
+            },
+        }
+        if self.is_causal is not None:
+            d["is_causal"] = self.is_causal
+        return d
 
 
 class RMSNorm(nn.Module):
@@ -227,11 +259,14 @@ class DFlashDrafter(nn.Module):
 
 
 def load_dflash(
-    cfg: DFlashConfig, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype, device: Any
+    cfg: DFlashConfig, tensors: Mapping[str, torch.Tensor | QuantWeight], dtype: torch.dtype, device: Any
 ) -> DFlashDrafter:
-    """Build the drafter from HF tensor names (`layers.{i}.self_attn.*`, `layers.{i}.mlp.*`, fc, norms)."""
+    """Build the drafter from HF tensor names (`layers.{i}.self_attn.*`, `layers.{i}.mlp.*`, fc, norms).
+    A quantized matrix (a seed file's W8 ones, as stored) is dequantized: the drafter runs dense weights."""
+    from ninfer.formats import QuantWeight
+
     model = DFlashDrafter(cfg)
-    names = {_module_name(n): t for n, t in tensors.items()}
+    names = {_module_name(n): t.dequantize() if isinstance(t, QuantWeight) else t for n, t in tensors.items()}
     own = model.state_dict()
     missing, extra = sorted(set(own) - set(names)), sorted(set(names) - set(own))
     if missing or extra:

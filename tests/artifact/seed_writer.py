@@ -7,7 +7,11 @@ NVFP4 scale swizzle, framing, part splitting and bindings.
 `build(hf_dir, out, version, recipe)` turns a tiny Hugging Face Qwen3.5 checkpoint (dense, or MoE
 with the "moe" recipe: the 35B-A3B's parents and formats; a VL checkpoint adds its vision tower in
 the seed's inventory and formats) into a seed file and returns the dequantized weights under the checkpoint's names (fp32), for
-transformers to run as the reference."""
+transformers to run as the reference. `dflash=(config, tensors)` adds a DFlash companion from a
+drafter checkpoint (its config.json and tensors under its names) as the 35B-A3B reference §8 /
+§13.3 writes it: W8 matrices, [q ; k ; v] and [gate ; up] parents, bf16 norms; v3 a `dflash`
+component with that config and the parents' rows bound as `attention/{query,key,value}`,
+`mlp/{gate,up}`."""
 
 from __future__ import annotations
 
@@ -270,12 +274,13 @@ RECIPES = {
 def build(
     hf_dir: Path, out: Path, version: int, recipe: str, *, model_id: str = "tiny-seed", limit: int = 32_000_000_000,
     tokenizer: bytes = b"{}", template: str = "{{ messages }}", formats: dict[str, str] | None = None,
-    proposal: int = 0,
+    proposal: int = 0, dflash: tuple[dict[str, Any], dict[str, torch.Tensor]] | None = None,
 ) -> tuple[list[Path], dict[str, torch.Tensor]]:  # fmt: skip
     """A seed file of a tiny dense or MoE checkpoint; (files written, dequantized weights by HF name).
     `formats` replaces entries of the recipe (e.g. a bf16 embedding and head for a full vocabulary).
     `proposal` rows: an indexed proposal head (`text/draft_head` Q4, the output-head rows of distinct
-    random ids, and `text/draft_head_token_ids` int32; `lm_head_draft.*` in the returned weights)."""
+    random ids, and `text/draft_head_token_ids` int32; `lm_head_draft.*` in the returned weights).
+    `dflash`: the companion (`dflash.` + the drafter checkpoint's names in the returned weights)."""
     r = {**RECIPES[recipe], **(formats or {})}
     cfg = json.loads((hf_dir / "config.json").read_text())
     text = cfg.get("text_config") or cfg
@@ -473,6 +478,42 @@ def build(
         linear(v + "merger.linear_fc2", "vision/merger/fc2", "q8")
         norm(v + "merger.norm", "vision/merger/norm")
 
+    def companion(dsd: dict[str, torch.Tensor], mat: str) -> None:
+        """§8's inventory in its order (after the vision merger): the feature projection, the
+        context norm, each layer's eight objects, the final norm."""
+        ref["dflash.fc.weight"] = put("dflash/feature_projection", dsd["fc.weight"], mat)
+        ref["dflash.hidden_norm.weight"] = put("dflash/context_norm", dsd["hidden_norm.weight"], "bf16")
+        n_draft = 1 + max(int(k.split(".")[1]) for k in dsd if k.startswith("layers."))
+        for i in range(n_draft):
+            s_, d, o = f"layers.{i}.", f"dflash/layers/{i}/", f"dflash.layers.{i}."
+            ref[o + "input_layernorm.weight"] = put(
+                d + "input_norm", dsd[s_ + "input_layernorm.weight"], "bf16"
+            )
+            qkv = [dsd[f"{s_}self_attn.{x}_proj.weight"] for x in "qkv"]
+            rows = [t.shape[0] for t in qkv]
+            names = [
+                (d + "attention/" + n, r_) for n, r_ in zip(("query", "key", "value"), rows, strict=True)
+            ]
+            parts = split(put(d + "attention/query_key_value", torch.cat(qkv), mat, names), rows)
+            for x, t in zip("qkv", parts, strict=True):
+                ref[f"{o}self_attn.{x}_proj.weight"] = t
+            for ours, theirs in (("q_norm", "query_norm"), ("k_norm", "key_norm")):
+                ref[f"{o}self_attn.{ours}.weight"] = put(
+                    d + "attention/" + theirs, dsd[f"{s_}self_attn.{ours}.weight"], "bf16"
+                )
+            ref[o + "self_attn.o_proj.weight"] = put(
+                d + "attention/output", dsd[s_ + "self_attn.o_proj.weight"], mat
+            )
+            ref[o + "post_attention_layernorm.weight"] = put(
+                d + "post_attention_norm", dsd[s_ + "post_attention_layernorm.weight"], "bf16"
+            )
+            gate, up = dsd[s_ + "mlp.gate_proj.weight"], dsd[s_ + "mlp.up_proj.weight"]
+            ref[o + "mlp.gate_proj.weight"], ref[o + "mlp.up_proj.weight"] = split(
+                put(d + "mlp/gate_up", torch.cat([gate, up]), mat,
+                    [(d + "mlp/gate", gate.shape[0]), (d + "mlp/up", up.shape[0])]), [gate.shape[0], up.shape[0]])  # fmt: skip
+            ref[o + "mlp.down_proj.weight"] = put(d + "mlp/down", dsd[s_ + "mlp.down_proj.weight"], mat)
+        ref["dflash.norm.weight"] = put("dflash/final_norm", dsd["norm.weight"], "bf16")
+
     ref["model.embed_tokens.weight"] = put(
         "text/token_embedding", sd["model.embed_tokens.weight"], r["embed"]
     )
@@ -500,6 +541,9 @@ def build(
         ref["mtp.norm.weight"] = put("mtp/final_norm", sd["mtp.norm.weight"], "bf16")
     if vl:
         vision(cfg["vision_config"])
+    if dflash is not None:
+        companion(dflash[1], r.get("dflash", "q8"))
+    if vl:
         ref = {
             k if k.startswith(("model.visual.", "lm_head", "mtp.")) else "model.language_model." + k[6:]: t
             for k, t in ref.items()
@@ -519,6 +563,8 @@ def build(
         if has_mtp:
             arch = "Qwen3_5MoeMTP" if moe else "Qwen3_5MTP"
             comps["mtp"] = {"config": {"architectures": [arch]}, "target": "text"}
+        if dflash is not None:
+            comps["dflash"] = {"config": dflash[0], "target": "text"}
         files = write_v3(out, objs, comps, limit=limit, metadata={"name": model_id})
     return files, {k: v.float() for k, v in ref.items()}
 
