@@ -14,7 +14,7 @@ import pytest
 import torch
 from fused_models import VOCAB, tiny_model
 
-from ninfer.model.cache import KVPool, StatePool, make_batch
+from ninfer.model.cache import ForwardBatch, KVPool, StatePool, make_batch
 from ninfer.model.config import FULL, LINEAR
 from ninfer.model.qwen35 import Qwen35Model
 
@@ -34,7 +34,7 @@ def _counters() -> Any:
     return counters
 
 
-def _decode_batch(rows: Sequence[int], tokens: list[list[int]]):
+def _decode_batch(rows: Sequence[int], tokens: list[list[int]]) -> ForwardBatch:
     """One decode round of `rows`: each row's last token after its prompt and earlier tokens."""
     starts = [len(PROMPTS[i]) + len(tokens[i]) - 1 for i in rows]
     return make_batch([[tokens[i][-1]] for i in rows], starts, list(rows), [[i] for i in rows])
@@ -70,12 +70,12 @@ def test_compiled_layer_steps_decode_the_eager_greedy_tokens() -> None:
     """Inductor: decode rounds at batch 1 and 3, then the MTP head through the compiled attention
     step, give the greedy tokens and logits of the eager layers (four graphs: each kind at batch
     1, then with the batch and the attention's key bound symbolic)."""
+    import torch._inductor.config
+
     model = tiny_model("dense", layers=KIND)
     want, want_logits = greedy_tokens(model)
     model.compile_layers()
     assert model.mtp is not None and model.mtp.layer_steps is model.layer_steps
-    import torch._inductor.config
-
     # scalar C++ (no vector ISA probe, no vectorized kernels): the same fusions at half the compile time
     with torch._inductor.config.patch({"cpp.vec_isa_ok": False}):
         got, got_logits = greedy_tokens(model)
