@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 
-from ninfer.engine.graphs import CaptureBackend, GraphStats, InstallCut, StepFn, StepGraphs, default_capture
+from ninfer.engine.graphs import CaptureBackend, GraphStats, InstallCut, StepGraphs, default_capture
 from ninfer.engine.pages import pages_for
 from ninfer.engine.penalty_counts import PenaltyCounts
 from ninfer.engine.plan import DecodePlan, PrefillBatch, PrefillPlan, SlotOp, StepPlan, StepResult
@@ -68,8 +68,10 @@ class Runner:
     `capture_graphs()` (before the first step) unless `cuda_graph` is off or the device is the CPU; with
     a speculative decoder that allows graphs, verification (q = k + 1) is captured too, as are
     the drafter's own graphs (one manager, `StepGraphs`), and the decoder runs every target
-    forward through `forward`. `compile` runs the step through `torch.compile` (inductor, graph
-    breaks allowed). Every step goes `launch` -> `resolve` (see `launch`).
+    forward through `forward`. `compile` installs the model's compiled layer steps (one
+    `torch.compile` per decoder-layer kind, shared by its layers: `Qwen35Model.compile_layers`),
+    which the captured graphs record like the eager layers. Every step goes `launch` -> `resolve`
+    (see `launch`).
     """
 
     def __init__(
@@ -108,11 +110,10 @@ class Runner:
         if capture is None:
             capture = default_capture(device)
         self._capture = capture if cuda_graph else None
-        self._step: StepFn = self._forward_logits
         self._compiled = compile
         self.graph_segments = graph_segments  # layer groups per captured step (1: one graph)
         if compile:
-            self._step = _compiled(self._forward_logits, max_batch)
+            model.compile_layers(recompile_limit=_recompile_limit(max_batch))
         if spec is not None:
             spec.bind(self.forward)
         self.graphs: StepGraphs | None = None
@@ -141,8 +142,8 @@ class Runner:
         verify_q = None if self.spec is None else self.spec.k + 1
         try:
             graphs = StepGraphs(
-                self._step, self.max_batch, self.max_pages, cfg.vocab_size, cfg.hidden_size, dtype,
-                self.device, self._capture, verify_q, self._layer_cuts(), self.prefill_shapes,
+                self._forward_logits, self.max_batch, self.max_pages, cfg.vocab_size, cfg.hidden_size,
+                dtype, self.device, self._capture, verify_q, self._layer_cuts(), self.prefill_shapes,
             )  # fmt: skip
         except Exception as exc:  # e.g. no memory left for the static logits buffer
             self.graph_stats = GraphStats((), 0.0, 0, f"{type(exc).__name__}: {exc}"[:300])
@@ -151,8 +152,9 @@ class Runner:
             self.spec.add_graphs(graphs)  # the MTP proposal: captured with the step's graphs
         with torch.inference_mode():
             self.graph_stats = graphs.capture()
-        if self.graph_stats.error is not None and self._compiled:
-            return self._eager_fallback(self.graph_stats.error)
+        failed = _capture_error(self.graph_stats) if self._compiled else None
+        if failed is not None:  # the compiled layers run in every captured family and eager path
+            return self._eager_fallback(failed)
         if self.graph_stats.error is None:
             self.graphs = graphs
         if self._compiled:
@@ -160,10 +162,11 @@ class Runner:
         return self.graph_stats
 
     def _eager_fallback(self, error: str) -> GraphStats | None:
-        """The compiled step failed while the graphs were captured (before ready): log one line,
-        run the eager step from now on and capture again."""
-        log.warning("torch.compile of the step failed at startup, the eager step runs: %s", error)
-        self._step, self._compiled = self._forward_logits, False
+        """A compiled layer step failed while the graphs were captured (before ready): log one
+        line, run the eager layers from now on and capture again."""
+        log.warning("torch.compile of the layer steps failed at startup, the eager layers run: %s", error)
+        self.model.eager_layers()
+        self._compiled = False
         self._capture_ran = False
         stats = self.capture_graphs()
         if stats is not None:
@@ -172,10 +175,10 @@ class Runner:
 
     def _layer_cuts(self) -> InstallCut | None:
         """Cuts the captured step after every len(layers) / graph_segments decoder layers (the
-        model's `layer_hook`); none for one segment or under torch.compile (a Python hook inside
-        the compiled step)."""
+        model's `layer_hook`, called between the layer steps, compiled or not); none for one
+        segment."""
         model = self.model
-        if self.graph_segments <= 1 or self._compiled:
+        if self.graph_segments <= 1:
             return None
         n = len(model.layers)
         every = -(-n // self.graph_segments)
@@ -350,7 +353,7 @@ class Runner:
         if feed is not None:
             flat[: b * q].copy_(feed.reshape(-1))
         batch = unpack(flat, b, q, self.max_pages, max_kv_len=max(rows.cache_lens) + q, writes=writes)
-        hidden, logits = self._step(batch)
+        hidden, logits = self._forward_logits(batch)
         return StepOut(hidden, logits)
 
     def _batch(
@@ -497,18 +500,15 @@ def small_prefill_buckets(buckets: Sequence[int], config: TextConfig) -> tuple[i
     return tuple(q for q in sorted(set(buckets)) if q >= 2 and _graph_safe(1, q, config))
 
 
-def _compiled(fn: StepFn, max_batch: int) -> StepFn:
-    """`torch.compile` of the decode step (inductor, graph breaks allowed around custom kernels).
-    Shapes start static; the second batch size makes the batch dimension symbolic, so a whole
-    capture compiles a few times (per q) rather than once per size. Inductor compiles in this
-    process: its worker subprocesses failed on the H200 machine (`SubprocException`, b4b914b)."""
-    import torch._dynamo
-    import torch._inductor.config
+def _capture_error(stats: GraphStats) -> str | None:
+    """The first error a capture met: the step's graphs', the prefill rows', an added family's."""
+    errors = [stats.error, stats.prefill_error, *(f.error for f in stats.families.values())]
+    return next((e for e in errors if e is not None), None)
 
-    torch._inductor.config.compile_threads = 1
-    limit = 8 * max_batch + 16  # decode, verify and prefill shapes
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
-    return torch.compile(fn, dynamic=None, fullgraph=False)
+
+def _recompile_limit(max_batch: int) -> int:
+    """Compiled variants each layer kind may keep: its decode, verify and prefill shapes."""
+    return 8 * max_batch + 16
 
 
 def _graph_breaks() -> int:

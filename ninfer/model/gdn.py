@@ -22,6 +22,12 @@ IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 IN_PROJ_SPLIT = ("in_proj_qk", "in_proj_v", "in_proj_z", "in_proj_b", "in_proj_a")
 
 
+def takes_step(q: int, per_token: bool) -> bool:
+    """Whether a call of q tokens a row runs the per-token step ops (else the chunked rule);
+    `per_token`: the caller asked for the state after every token."""
+    return q <= STEP_MAX_TOKENS or per_token
+
+
 @dataclass(frozen=True)
 class GDNSlots:
     """Where each sequence's GDN state is read and written in this call."""
@@ -75,7 +81,7 @@ class GatedDeltaNet(nn.Module):
         else:
             qkv, z, b_raw, a_raw = project(self, x, "in_proj_qkvzba", IN_PROJ)
         z = z.view(b, q, self.nv, self.dv)
-        if q <= STEP_MAX_TOKENS or slots.per_token:
+        if takes_step(q, slots.per_token):
             o = self._step(qkv, a_raw, b_raw, conv_pool, ssm_pool, slots)
         else:
             o = self._chunked(qkv, a_raw, b_raw, conv_pool, ssm_pool, slots.start)

@@ -8,6 +8,7 @@ from torch import nn
 from ninfer.kernels.dispatch import Ops
 from ninfer.model.cache import ForwardBatch, KVPool
 from ninfer.model.config import FULL, TextConfig
+from ninfer.model.layer_steps import LayerSteps, steps_for
 from ninfer.model.layers import DecoderLayer
 from ninfer.model.norms import RMSNorm1p
 from ninfer.model.projections import linear
@@ -33,6 +34,8 @@ class MTPHead(nn.Module):
         self.norm = RMSNorm1p(h, config.rms_norm_eps, ops)
         # shared with the trunk, not registered as submodules (their weights belong to the trunk)
         self._shared: dict[str, nn.Module] = {}
+        # the trunk's compiled layer steps (`Qwen35Model.compile_layers`); None: eager
+        self.layer_steps: LayerSteps | None = None
 
     def bind(self, embed_tokens: nn.Embedding, lm_head: nn.Linear, rotary: MRotaryEmbedding) -> None:
         self._shared = {"embed": embed_tokens, "lm_head": lm_head, "rotary": rotary}
@@ -47,7 +50,8 @@ class MTPHead(nn.Module):
         cos, sin = self._shared["rotary"](batch.positions, x.dtype)
         layer = self.layers[0]
         x, y = layer.input_norm(x, None)
-        h, f = layer.forward_attention(x, y, cos, sin, kv.layer(0), batch)
+        attention = steps_for(self.layer_steps, batch).attention  # the trunk's attention-layer step
+        h, f = attention(layer, x, y, cos, sin, kv.layer(0), batch)
         return self.norm.add(h, f)[1]  # norm(h + f)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ from ninfer.kernels.dispatch import Ops, get_ops
 from ninfer.model.cache import ForwardBatch, KVPool, StatePool
 from ninfer.model.config import FULL, TextConfig
 from ninfer.model.gdn import GDNSlots
+from ninfer.model.layer_steps import LayerSteps, compiled_steps, steps_for
 from ninfer.model.layers import DecoderLayer
 from ninfer.model.norms import RMSNorm1p
 from ninfer.model.projections import linear
@@ -48,6 +49,8 @@ class Qwen35Model(nn.Module):
         self.captured: dict[int, torch.Tensor] = {}
         # called with i after decoder layer i (None: no call); a graph capture cuts its step there
         self.layer_hook: Callable[[int], None] | None = None
+        # one compiled step per layer kind (`compile_layers`); None: every layer runs eagerly
+        self.layer_steps: LayerSteps | None = None
 
     def init_buffers(self, device: torch.device | str) -> None:
         """(Re)build non-weight buffers (rope tables) on `device`; needed after meta-device construction."""
@@ -112,6 +115,23 @@ class Qwen35Model(nn.Module):
             elif layer.kind != FULL and qk_v:
                 layer.linear_attn.split_qk_v()
 
+    def compile_layers(
+        self, dynamic: bool | None = None, backend: str = "inductor", recompile_limit: int = 64
+    ) -> None:
+        """Run step-sized calls (decode, verify, captured prefill rows) through one compiled step
+        per decoder-layer kind, shared by every layer of the kind and by the MTP head's layer
+        (regional compilation, `ninfer.model.layer_steps`); longer prefill chunks stay eager.
+        Compiles lazily, at the first call of each shape class."""
+        self.layer_steps = compiled_steps(dynamic, backend, recompile_limit)
+        if self.mtp is not None:
+            self.mtp.layer_steps = self.layer_steps
+
+    def eager_layers(self) -> None:
+        """Drop the compiled layer steps (`compile_layers`): every layer runs eagerly again."""
+        self.layer_steps = None
+        if self.mtp is not None:
+            self.mtp.layer_steps = None
+
     @property
     def mtp_available(self) -> bool:
         return self.mtp is not None
@@ -123,6 +143,7 @@ class Qwen35Model(nn.Module):
         x = self.embed_tokens(batch.input_ids) if batch.embeds is None else batch.embeds  # [B, q, H]
         cos, sin = self.rotary(batch.positions, x.dtype)  # [B, q, rot]
         slots = GDNSlots(batch.slots, batch.gdn_write_slots(), batch.write_slots is not None)
+        steps = steps_for(self.layer_steps, batch)  # compiled per layer kind, or eager
         captured: dict[int, torch.Tensor] = {}
         f: torch.Tensor | None = None  # the previous layer's FFN output, added by the next norm
         for i, (layer, j) in enumerate(zip(self.layers, self.pool_index, strict=True)):
@@ -130,9 +151,9 @@ class Qwen35Model(nn.Module):
             if i - 1 in self.capture_layers:
                 captured[i - 1] = x  # [B, q, H] the layer's output (before the final norm)
             if layer.kind == FULL:
-                x, f = layer.forward_attention(x, y, cos, sin, kv.layer(j), batch)
+                x, f = steps.attention(layer, x, y, cos, sin, kv.layer(j), batch)
             else:
-                x, f = layer.forward_linear(x, y, states.conv[j], states.ssm[j], slots)
+                x, f = steps.linear(layer, x, y, states.conv[j], states.ssm[j], slots)
             if self.layer_hook is not None:
                 self.layer_hook(i)
         assert f is not None, "a model has at least one layer"

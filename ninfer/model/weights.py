@@ -138,6 +138,7 @@ def load_mtp(
         head.fuse_projections()
     assert model.rotary is not None
     head.bind(model.embed_tokens, model.lm_head, model.rotary)
+    head.layer_steps = model.layer_steps  # compiled layer steps installed before the head loaded
     model.mtp = head
     model.reserve_quantized()
     return head

@@ -170,7 +170,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="fewer sizes (512/4k TTFT, batch 1 and 8, k 1/3/5)")
     ap.add_argument("--weights", default="bf16", choices=PROFILES,
                     help="weight profile of the random model (quantized profiles draw the planes directly)")  # fmt: skip
-    ap.add_argument("--compile", default="", help="models (comma list) whose torch.compile'd decode is timed")
+    ap.add_argument(
+        "--compile", default="", help="models (comma list) timed decoding through compiled layer steps"
+    )
     ap.add_argument(
         "--skip", default="", help="sections to leave out: eager,compiled,ttft,prefill,int8,spec,hf"
     )

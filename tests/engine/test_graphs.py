@@ -1,6 +1,6 @@
 """Decode-graph bookkeeping on the CPU: packed one-copy batches (with per-token write slots), per-size
 capture, replay through the static buffers (an eager stand-in for CUDA graphs), fallback on capture
-failure, `no_cuda_graph`."""
+failure, `no_cuda_graph`, the compiled layer steps captured (and their failure's fallback)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from ninfer.engine.sampler import RowSampler, SamplingOverrides, resolve_samplin
 from ninfer.engine.step_io import pack, packed_len, unpack
 from ninfer.engine.types import GenerationRequest, SamplingParams
 from ninfer.model.cache import PAGE_SIZE, KVPool, StatePool, make_batch
+from ninfer.model.layer_steps import LayerSteps, compiled_steps
+from tests.engine.tiny import tiny_model
 
 CPU = torch.device("cpu")
 
@@ -231,16 +233,13 @@ def test_on_launch_runs_once_after_a_graph_launch_and_before_eager_work(small_mo
 
 
 def test_a_compiled_step_that_fails_at_capture_falls_back_to_the_eager_step(small_model, monkeypatch) -> None:
-    """torch.compile failing while the graphs are captured (before ready) leaves the eager step,
-    captured, with the reason in the graph stats; requests never meet the failure."""
+    """A compiled layer step failing while the graphs are captured (before ready) leaves the eager
+    layers, captured, with the reason in the graph stats; requests never meet the failure."""
 
-    def broken(fn, max_batch):
-        def step(batch):
-            raise RuntimeError("InductorError: SubprocException (planted)")
+    def broken(*args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        raise RuntimeError("InductorError: SubprocException (planted)")
 
-        return step
-
-    monkeypatch.setattr("ninfer.engine.runner._compiled", broken)
+    monkeypatch.setattr("ninfer.model.qwen35.compiled_steps", lambda *a, **kw: LayerSteps(broken, broken))
     cfg = EngineConfig(max_concurrency=2, max_pending=4, max_context=256, prefill_chunk=64)
     prompts = [tuple((i * 31 + j * 7) % 500 + 1 for j in range(n)) for i, n in enumerate((5, 40))]
     eager = Engine(small_model, replace(cfg, no_cuda_graph=True)).start()
@@ -252,10 +251,44 @@ def test_a_compiled_step_that_fails_at_capture_falls_back_to_the_eager_step(smal
         small_model, engine.kv, engine.states, engine.runner.max_pages, CPU, None,
         max_batch=2, capture=backend, compile=True,
     )  # fmt: skip
+    assert small_model.layer_steps is not None
     engine.start()
     got = _generate(engine, prompts)
     engine.shutdown()
     stats = engine.runner.graph_stats
     assert stats is not None and stats.error is None and stats.batch_sizes == (1, 2)
     assert stats.compile_error is not None and "planted" in stats.compile_error
+    assert small_model.layer_steps is None  # the eager layers run from now on
+    assert got == want
+
+
+def test_compiled_layer_steps_are_captured_in_layer_segments(monkeypatch, fresh_dynamo) -> None:
+    """engine.compile: the captured decode steps run the compiled layer steps, cut between layers
+    into segments as the eager ones are, with no graph break; the tokens are the eager engine's.
+    (Dynamo alone, its `eager` backend: Inductor's kernels are checked in tests/model.)"""
+    from torch._dynamo.utils import counters  # imports triton: after the interpreter tests set it up
+
+    model = tiny_model(512, seed=0)  # its own: the compiled steps stay installed on it
+    monkeypatch.setattr(
+        "ninfer.model.qwen35.compiled_steps",
+        lambda dynamic, backend, limit: compiled_steps(dynamic, "eager", limit),
+    )
+    cfg = EngineConfig(max_concurrency=2, max_pending=4, max_context=256, prefill_chunk=64)
+    prompts = [tuple((i * 31 + j * 7) % 500 + 1 for j in range(n)) for i, n in enumerate((5, 40))]
+    eager = Engine(model, replace(cfg, no_cuda_graph=True)).start()
+    want = _generate(eager, prompts, temperature=0.0)
+    eager.shutdown()
+    engine = Engine(model, cfg)
+    backend = EagerCapture()
+    engine.runner = Runner(
+        model, engine.kv, engine.states, engine.runner.max_pages, CPU, None,
+        max_batch=2, capture=backend, compile=True, graph_segments=2,
+    )  # fmt: skip
+    engine.start()
+    got = _generate(engine, prompts, temperature=0.0)
+    engine.shutdown()
+    stats = engine.runner.graph_stats
+    assert stats is not None and stats.error is None and stats.compile_error is None
+    assert stats.batch_sizes == (1, 2) and stats.graph_breaks == 0
+    assert backend.segments == [2, 2] and counters["stats"]["unique_graphs"] > 0
     assert got == want
