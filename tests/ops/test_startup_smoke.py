@@ -14,5 +14,6 @@ def test_cold_then_warm_start_rows() -> None:
         assert "error" not in row[run], row[run]
         assert row[run]["weights_s"] > 0 and row[run]["ready_s"] > 0
         assert row[run]["first_request_ttft_s"] <= row[run]["ready_s"]
-    assert row["warm_ready_s"] == row["warm"]["ready_s"]
+    assert row["warm_ready_s"] == row["ready_s_warm"] == row["warm"]["ready_s"]
+    assert row["ready_s_cold"] == row["cold"]["ready_s"]
     assert row["warm"]["cache"]["root"] == row["cold"]["cache"]["root"]  # one cache directory
