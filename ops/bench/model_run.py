@@ -123,7 +123,7 @@ def bench_model(
     res["compiled"] = (
         False  # these decode figures: the eager step in CUDA graphs (`compile`: the compiled one)
     )
-    eng = make_engine(model, a.es, ctx + a.decode_tokens + lanes + 64, lanes, compile=res["compiled"])
+    eng = make_engine(model, a.es, ctx + a.decode_tokens + lanes + 64, lanes)
     run_requests(eng, [random_prompt(min(256, ctx), 99, cfg.vocab_size)], 4)  # warm-up, graph capture
     res["cuda_graphs"] = None if eng.runner.graph_stats is None else eng.runner.graph_stats.as_dict()
     for bs in sz.batches:

@@ -182,12 +182,12 @@ def identity(tier: list[Turn], tier_view: LogView, never: list[Turn], never_view
         "errors": sum(1 for t in [*tier, *never] if not _ok(t)),
         "restored_turns": len(restored),
         "compared_turns": len(pairs),
-        "identical_turns": len(pairs) - len(mismatches),
+        "identical_turns": _identical(pairs),
         "mismatches": mismatches[:8],
         "same_input_turns": len(same_input),
-        "same_input_identical": sum(1 for t, b in same_input if t.result.text == b.result.text),
+        "same_input_identical": _identical(same_input),
         "first_turns_compared": len(firsts),
-        "first_turns_identical": sum(1 for t, b in firsts if t.result.text == b.result.text),
+        "first_turns_identical": _identical(firsts),
         "never_evicted_later_turns": dict(sorted(never_paths.items())),  # all "resident" when never evicted
     }
 
@@ -271,6 +271,11 @@ def prefix_source(record: dict[str, Any] | None) -> str:
 
 def _ok(t: Turn | None) -> bool:
     return t is not None and t.result.status == 200 and t.result.error is None
+
+
+def _identical(pairs: list[tuple[Turn, Turn]]) -> int:
+    """How many (turn, other turn) pairs answered the same text."""
+    return sum(1 for t, b in pairs if t.result.text == b.result.text)
 
 
 def _mean(values: list[int]) -> float | None:
@@ -404,10 +409,10 @@ def compare(tier: Measured, none: Measured) -> dict[str, Any]:
         "same_as_reprefilled_run": {
             "restored_conversations": len(first_restored),
             "compared_turns": len(compared),
-            "identical_turns": len(compared) - len(mismatches),
+            "identical_turns": _identical(compared),
             "mismatches": mismatches[:8],
             "later_turns_compared": len(later),
-            "later_turns_identical": sum(1 for t, b in later if t.result.text == b.result.text),
+            "later_turns_identical": _identical(later),
         },
     }
 
