@@ -69,14 +69,20 @@ THINKING_SAMPLING = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "presence_p
 
 
 def run_requests(
-    engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int, sampling: dict[str, float] | None = None
+    engine: Engine,
+    prompts: list[tuple[int, ...]],
+    max_tokens: int,
+    sampling: dict[str, float] | None = None,
+    ids_out: list[list[int]] | None = None,
 ) -> dict[str, float]:
     """Submit all prompts at once (greedy unless `sampling` gives SamplingParams fields, seeded per
     request; ignore_eos). TTFT of the first request; decode tokens/s
     over the window in which every request is decoding (last first token .. first last token),
     and the runner's mean seconds per decode step (model + sampling) over the whole run; with
-    speculation, the drafted and accepted tokens of all requests (their request-log counters)."""
+    speculation, the drafted and accepted tokens of all requests (their request-log counters).
+    `ids_out` (when given) receives each request's generated token ids, in prompt order."""
     stamps: list[list[float]] = [[] for _ in prompts]
+    ids: list[list[int]] = [[] for _ in prompts]
     spec: list[dict[str, Any]] = [{} for _ in prompts]  # each request's speculative counters
     errors: list[BaseException] = []
     before = engine.counters.total.decode_seconds, engine.counters.total.decode_rounds
@@ -87,6 +93,7 @@ def run_requests(
             with handle:  # releases the lifetime ticket, as a server does after the response
                 for out in handle:
                     stamps[i].extend([time.perf_counter()] * len(out.token_ids))
+                    ids[i].extend(out.token_ids)
             spec[i] = dict(handle.stats.speculative or {})
         except BaseException as exc:  # re-raised in the caller's thread
             errors.append(exc)
@@ -111,6 +118,8 @@ def run_requests(
         th.join()
     if errors:
         raise errors[0]
+    if ids_out is not None:
+        ids_out[:] = ids
     if any(len(st) != max_tokens for st in stamps):
         raise RuntimeError(f"expected {max_tokens} tokens per request, got {[len(st) for st in stamps]}")
     start = max(st[0] for st in stamps)

@@ -50,6 +50,29 @@ class Sizes:
     spec: SpecSizes
 
 
+def dynamo_counts() -> dict[str, Any]:
+    """Dynamo's graph breaks (with their reasons) and compiled graphs in this process."""
+    from torch._dynamo.utils import counters
+
+    breaks = counters["graph_break"]
+    return {
+        "graph_breaks_total": sum(breaks.values()),
+        "graph_break_reasons": {k[:200]: v for k, v in list(breaks.items())[:10]},
+        "unique_graphs": counters["stats"]["unique_graphs"],
+    }
+
+
+def identity(eager: list[list[int]], compiled: list[list[int]]) -> dict[str, Any]:
+    """How many rows' greedy tokens are equal, and where the first difference of each other row is."""
+    pairs = list(zip(eager, compiled, strict=True))
+    first = [
+        next((i for i, (x, y) in enumerate(zip(e, c, strict=False)) if x != y), min(len(e), len(c)))
+        for e, c in pairs
+        if e != c
+    ]
+    return {"rows": len(pairs), "identical": sum(e == c for e, c in pairs), "first_diff": first}
+
+
 def sizes_for(smoke: bool, quick: bool, decode_tokens: int, proposal_ids: int) -> Sizes:
     if smoke:
         spec = SpecSizes((1, 3), (100, 40), (1, 2), 64, decode_tokens, proposal_ids)
@@ -126,9 +149,11 @@ def bench_model(
     eng = make_engine(model, a.es, ctx + a.decode_tokens + lanes + 64, lanes)
     run_requests(eng, [random_prompt(min(256, ctx), 99, cfg.vocab_size)], 4)  # warm-up, graph capture
     res["cuda_graphs"] = None if eng.runner.graph_stats is None else eng.runner.graph_stats.as_dict()
+    eager_ids: dict[int, list[list[int]]] = {}  # greedy tokens per batch: the compiled step's identity
     for bs in sz.batches:
         prompts = [random_prompt(ctx, 1000 * bs + i, cfg.vocab_size) for i in range(bs)]
-        r = run_requests(eng, prompts, a.decode_tokens + bs)  # >= decode_tokens steps at full batch
+        eager_ids[bs] = []
+        r = run_requests(eng, prompts, a.decode_tokens + bs, ids_out=eager_ids[bs])  # >= decode_tokens steps
         res["decode_tok_s"][str(bs)], res["decode_step_ms"][str(bs)] = r["decode_tok_s"], r["step_ms"]
         log(f"{a.name}: decode bs={bs} at {ctx} = {r['decode_tok_s']:.1f} tok/s (step {r['step_ms']:.2f} ms)")
         save()
@@ -177,10 +202,18 @@ def bench_model(
                 "graph_breaks": None if gs is None else gs.graph_breaks,
                 "compile_error": None if gs is None else gs.compile_error,  # fell back to the eager layers
             }
+            res["compile"]["greedy_identical"] = {}  # the eager graphs' tokens on the same prompts
             for bs in (1, lanes):
                 prompts = [random_prompt(ctx, 1000 * bs + i, cfg.vocab_size) for i in range(bs)]
-                r = run_requests(eng, prompts, a.decode_tokens + bs)
+                ids: list[list[int]] = []
+                r = run_requests(eng, prompts, a.decode_tokens + bs, ids_out=ids)
                 res["compile"]["decode_tok_s"][str(bs)] = r["decode_tok_s"]
+                res["compile"]["greedy_identical"][str(bs)] = identity(eager_ids[bs], ids)
+                log(
+                    f"{a.name}: compiled decode bs={bs} = {r['decode_tok_s']:.1f} tok/s, "
+                    f"identical {res['compile']['greedy_identical'][str(bs)]}"
+                )
+            res["compile"].update(dynamo_counts())  # after the runs: any break or recompile they added
         except Exception as exc:
             res["compile"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         free(eng)
